@@ -1,0 +1,103 @@
+"""Turn a batch of events into rows: one log row per event, one derived row per entity.
+
+Events of one entity (a tool call's start, progress and end; a program's start and end) are
+merged here, so each table receives a single upsert per key per batch — PostgreSQL refuses an
+``INSERT ... ON CONFLICT`` that touches the same row twice — and later fields win.
+"""
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from maitred.events import (
+    Event, Handoff, LLMEnd, LLMStart, ProgramEnd, ProgramStart, ToolEnd, ToolProgress, ToolStart, encode_event,
+)
+
+PROGRAM_COLUMNS = ("program_id", "parent_program_id", "agent", "framework", "started_at", "ended_at", "status", "attrs")
+TOOL_COLUMNS = (
+    "program_id", "call_id", "agent", "tool", "signature", "started_at", "ended_at", "deadline_s", "background",
+    "status", "duration_s", "progress_fraction", "progress_eta_s", "progress_at",
+)
+LLM_COLUMNS = (
+    "program_id", "request_id", "agent", "model", "started_at", "ended_at", "prompt_tokens", "cached_tokens",
+    "completion_tokens", "worker", "ttft_s", "status",
+)
+
+
+@dataclass
+class Folded:
+    events: list[dict[str, Any]] = field(default_factory=list)
+    programs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tool_calls: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    llm_calls: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    handoffs: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _merge(rows: dict[Any, dict[str, Any]], key: Any, columns: tuple[str, ...], values: dict[str, Any]) -> None:
+    row = rows.get(key)
+    if row is None:
+        rows[key] = row = dict.fromkeys(columns)
+    row.update((k, v) for k, v in values.items() if v is not None)
+
+
+def fold(events: Iterable[Event]) -> Folded:
+    out = Folded()
+    seen: set[str] = set()
+    for event in events:
+        body = json.dumps(encode_event(event), sort_keys=True, separators=(",", ":"))
+        key = hashlib.sha1(body.encode()).hexdigest()
+        if key in seen:
+            continue
+        seen.add(key)
+        out.events.append({"event_key": key, "type": event.TYPE, "ts": event.ts, "program_id": event.program_id, "body": body})
+        _fold_one(out, event, key)
+    return out
+
+
+def _fold_one(out: Folded, e: Event, key: str) -> None:
+    pid = e.program_id
+    match e:
+        case ToolStart():
+            _merge(out.tool_calls, (pid, e.call_id), TOOL_COLUMNS, {
+                "program_id": pid, "call_id": e.call_id, "agent": e.agent, "tool": e.tool, "signature": e.signature,
+                "started_at": e.ts, "deadline_s": e.deadline_s, "background": e.background,
+            })
+        case ToolProgress():
+            _merge(out.tool_calls, (pid, e.call_id), TOOL_COLUMNS, {
+                "program_id": pid, "call_id": e.call_id, "progress_fraction": e.fraction,
+                "progress_eta_s": e.eta_s, "progress_at": e.ts,
+            })
+        case ToolEnd():
+            _merge(out.tool_calls, (pid, e.call_id), TOOL_COLUMNS, {
+                "program_id": pid, "call_id": e.call_id, "ended_at": e.ts, "status": e.status, "duration_s": e.duration_s,
+            })
+        case LLMStart():
+            _merge(out.llm_calls, (pid, e.request_id), LLM_COLUMNS, {
+                "program_id": pid, "request_id": e.request_id, "agent": e.agent, "model": e.model,
+                "started_at": e.ts, "prompt_tokens": e.prompt_tokens,
+            })
+        case LLMEnd():
+            _merge(out.llm_calls, (pid, e.request_id), LLM_COLUMNS, {
+                "program_id": pid, "request_id": e.request_id, "agent": e.agent, "ended_at": e.ts,
+                "prompt_tokens": e.prompt_tokens, "cached_tokens": e.cached_tokens,
+                "completion_tokens": e.completion_tokens, "worker": e.worker, "ttft_s": e.ttft_s, "status": e.status,
+            })
+        case ProgramStart():
+            _merge(out.programs, pid, PROGRAM_COLUMNS, {
+                "program_id": pid, "parent_program_id": e.parent_program_id, "agent": e.agent,
+                "framework": e.framework, "started_at": e.ts,
+                "attrs": json.dumps(e.attrs, sort_keys=True) if e.attrs else None,
+            })
+        case ProgramEnd():
+            _merge(out.programs, pid, PROGRAM_COLUMNS, {"program_id": pid, "ended_at": e.ts, "status": e.status})
+        case Handoff():
+            out.handoffs.append({
+                "event_key": key, "program_id": pid, "ts": e.ts, "agent": e.agent, "from_agent": e.from_agent,
+                "to_agent": e.to_agent, "child_program_id": e.child_program_id, "context_tokens": e.context_tokens,
+                "context_hash": e.context_hash, "n_messages": len(e.messages) if e.messages is not None else None,
+            })
+    if pid not in out.programs:
+        # Every program seen gets a row, even when its program.start was never sent.
+        _merge(out.programs, pid, PROGRAM_COLUMNS, {"program_id": pid})
