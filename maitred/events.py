@@ -14,18 +14,22 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import ConfigDict, Field, Strict, TypeAdapter, ValidationError
 
 SCHEMA_VERSION = 1
 MAX_ID_LENGTH = 256
 #: Clocks drift; an event stamped further ahead than this is a bug in the sender, not skew.
 MAX_FUTURE_SKEW_S = 300.0
 
-Id = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH)]
-NonNegative = Annotated[float, Field(ge=0)]
-Tokens = Annotated[int, Field(ge=0)]
+# Strict per field: a string is never read as a number nor the reverse (an int is a valid float).
+Id = Annotated[str, Strict(), Field(min_length=1, max_length=MAX_ID_LENGTH)]
+Name = Annotated[str, Strict(), Field(max_length=MAX_ID_LENGTH)]
+Seconds = Annotated[float, Strict()]
+NonNegative = Annotated[float, Strict(), Field(ge=0)]
+Tokens = Annotated[int, Strict(), Field(ge=0)]
+Flag = Annotated[bool, Strict()]
 
-_STRICT = ConfigDict(strict=True, extra="forbid")
+_STRICT = ConfigDict(extra="forbid")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,7 +39,7 @@ class Event:
     TYPE: ClassVar[str] = ""
     __pydantic_config__: ClassVar[ConfigDict] = _STRICT
 
-    ts: float
+    ts: Seconds
     program_id: Id
     agent: Id | None = None
 
@@ -44,7 +48,7 @@ class Event:
 class ProgramStart(Event):
     TYPE: ClassVar[str] = "program.start"
     parent_program_id: Id | None = None
-    framework: Annotated[str, Field(max_length=MAX_ID_LENGTH)] | None = None
+    framework: Name | None = None
     attrs: dict[str, Any] | None = None
 
 
@@ -58,7 +62,7 @@ class ProgramEnd(Event):
 class LLMStart(Event):
     TYPE: ClassVar[str] = "llm.start"
     request_id: Id
-    model: Annotated[str, Field(max_length=MAX_ID_LENGTH)] | None = None
+    model: Name | None = None
     prompt_tokens: Tokens | None = None
 
 
@@ -69,7 +73,7 @@ class LLMEnd(Event):
     prompt_tokens: Tokens
     completion_tokens: Tokens
     cached_tokens: Tokens | None = None
-    worker: Annotated[str, Field(max_length=1024)] | None = None
+    worker: Annotated[str, Strict(), Field(max_length=1024)] | None = None
     ttft_s: NonNegative | None = None
     status: Literal["ok", "error", "cancelled"] = "ok"
 
@@ -80,15 +84,15 @@ class ToolStart(Event):
     call_id: Id
     tool: Id
     signature: Id | None = None
-    deadline_s: Annotated[float, Field(gt=0)] | None = None
-    background: bool = False
+    deadline_s: Annotated[float, Strict(), Field(gt=0)] | None = None
+    background: Flag = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolProgress(Event):
     TYPE: ClassVar[str] = "tool.progress"
     call_id: Id
-    fraction: Annotated[float, Field(ge=0, le=1)] | None = None
+    fraction: Annotated[float, Strict(), Field(ge=0, le=1)] | None = None
     eta_s: NonNegative | None = None
 
 
@@ -110,8 +114,8 @@ class Handoff(Event):
     child_program_id: Id | None = None
     messages: list[dict[str, Any]] | None = None
     context_tokens: Tokens | None = None
-    context_hash: Annotated[str, Field(max_length=MAX_ID_LENGTH)] | None = None
-    expected_prompt: str | None = None
+    context_hash: Name | None = None
+    expected_prompt: Annotated[str, Strict()] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,7 +123,7 @@ class ProgramWait(Event):
     """The program waits on a human or an external event (e.g. Claude Code's ``Stop``)."""
 
     TYPE: ClassVar[str] = "program.wait"
-    reason: Annotated[str, Field(max_length=MAX_ID_LENGTH)] | None = None
+    reason: Name | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,6 +147,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Handoff, ProgramWait, ProgramResume, AdapterPublish,
     )
 }
+_UNKNOWN_FIELD = ("unexpected_keyword_argument", "extra_forbidden")
 _ADAPTERS: dict[str, TypeAdapter[Any]] = {name: TypeAdapter(cls) for name, cls in EVENT_TYPES.items()}
 
 
@@ -193,7 +198,8 @@ def decode_event(data: Any, *, now: float | None = None) -> Event:
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or "event"
-        raise EventError(where, f"{first['msg']} (in {kind})") from None
+        message = "unknown field" if first["type"] in _UNKNOWN_FIELD else first["msg"]
+        raise EventError(where, f"{message} (in {kind})") from None
     _check_ts(event.ts, time.time() if now is None else now)
     return event
 

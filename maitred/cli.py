@@ -1,0 +1,234 @@
+"""The ``maitred`` command (SPEC section 11).
+
+Each subcommand is a small function over the public API; argument errors exit with status 2 and
+a message naming the flag, runtime errors with status 1 and one line (no traceback) unless
+``MAITRED_DEBUG`` is set.
+"""
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from maitred.middleware.config import default_db_url
+from maitred.storage.queries import ALL_TOOLS, parse_since
+
+console = Console()
+
+
+class CliError(Exception):
+    """A failure worth one line to the user, not a traceback."""
+
+
+def _since(text: str) -> float:
+    try:
+        return parse_since(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _fmt_s(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.1f}ms" if value < 1 else f"{value:.2f}s"
+
+
+def _fmt_ts(value: float | None) -> str:
+    return "-" if value is None else datetime.fromtimestamp(value).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _store(args: argparse.Namespace, *, migrate: bool = True):
+    from maitred.storage import SessionStore
+
+    return SessionStore(args.db, migrate=migrate)
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+
+
+def tool_stats_table(rows: Sequence[Any], title: str = "tool durations") -> Table:
+    table = Table(title=title)
+    table.add_column("tool", style="bold", no_wrap=True)
+    for name in ("n", "mean", "std", "min", "p50", "p90", "p99", "max"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for r in rows:
+        if r.tool == ALL_TOOLS:
+            table.add_section()
+        table.add_row(
+            "[italic]all tools[/italic]" if r.tool == ALL_TOOLS else r.tool, str(r.n), _fmt_s(r.mean_s),
+            _fmt_s(r.std_s), _fmt_s(r.min_s), _fmt_s(r.p50_s), _fmt_s(r.p90_s), _fmt_s(r.p99_s), _fmt_s(r.max_s),
+        )
+    return table
+
+
+def cmd_stats_tools(args: argparse.Namespace) -> int:
+    with _store(args) as store:
+        if args.tool:
+            one = store.tool_stats(args.tool, since=args.since, agent=args.agent)
+            rows = [one] if one else []
+        else:
+            rows = store.tool_stats_all(since=args.since, agent=args.agent, by_signature=args.by_signature)
+    if args.json:
+        _print_json([asdict(r) for r in rows])
+    elif not rows:
+        console.print("no completed tool calls" + (f" for tool {args.tool!r}" if args.tool else "") + f" in {args.db}")
+    else:
+        console.print(tool_stats_table(rows))
+    return 0
+
+
+def cmd_programs(args: argparse.Namespace) -> int:
+    with _store(args) as store:
+        rows = store.programs(since=args.since, limit=args.limit)
+    if args.json:
+        _print_json([asdict(r) for r in rows])
+        return 0
+    table = Table(title=f"programs ({len(rows)} shown)")
+    for name in ("program", "parent", "agent", "framework", "started", "duration", "status", "tools", "steps"):
+        table.add_column(name, justify="right" if name in ("duration", "tools", "steps") else "left")
+    for p in rows:
+        duration = p.ended_at - p.started_at if p.ended_at and p.started_at else None
+        table.add_row(
+            p.program_id, p.parent_program_id or "-", p.agent or "-", p.framework or "-", _fmt_ts(p.started_at),
+            _fmt_s(duration), p.status or "running", str(p.tool_calls), str(p.llm_calls),
+        )
+    console.print(table)
+    return 0
+
+
+def cmd_timeline(args: argparse.Namespace) -> int:
+    with _store(args) as store:
+        timeline = store.program(args.program_id)
+    if timeline is None:
+        raise CliError(f"no program {args.program_id!r} in {args.db}")
+    if args.png:
+        from maitred.plots import timeline_png
+
+        console.print(f"wrote {timeline_png(timeline, args.png)}")
+    if args.json:
+        _print_json({"program": asdict(timeline.program), "spans": [asdict(s) for s in timeline.spans],
+                     "handoffs": timeline.handoffs, "totals": timeline.busy_idle()})
+        return 0
+    origin = timeline.spans[0].start if timeline.spans else 0.0
+    table = Table(title=f"program {args.program_id}")
+    for name in ("t+", "phase", "name", "agent", "duration", "status"):
+        table.add_column(name)
+    for s in timeline.spans:
+        phase = {"llm": "reasoning", "tool": "acting", "wait": "waiting"}[s.kind]
+        table.add_row(f"{s.start - origin:8.3f} s", phase, s.name, s.agent or "-", _fmt_s(s.duration_s), s.status or "open")
+    console.print(table)
+    totals = timeline.busy_idle()
+    console.print(
+        f"reasoning {totals['reasoning_s']:.2f} s · acting {totals['acting_s']:.2f} s · waiting {totals['waiting_s']:.2f} s"
+        f" · {len(timeline.handoffs)} handoffs"
+    )
+    return 0
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from maitred.storage.migrate import current_revision
+
+    with _store(args) as store:
+        console.print(f"{args.db}: schema at revision {current_revision(store.engine)}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    with _store(args) as store:
+        n = store.export_trace(args.out, since=args.since)
+    console.print(f"wrote {n} programs to {args.out}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from maitred.demo import fresh_sqlite, run_demo
+
+    db_url = fresh_sqlite(Path(args.db_file))
+    console.print(f"running {args.programs} instrumented agent programs into {db_url} ...")
+    run_demo(db_url, programs=args.programs, seed=args.seed)
+    args.db = db_url
+    with _store(args) as store:
+        console.print(tool_stats_table(store.tool_stats_all(), title="demo: tool durations (maitred stats tools)"))
+        programs = store.programs()
+    console.print(
+        f"{len(programs)} programs, {sum(p.tool_calls for p in programs)} tool calls, "
+        f"{sum(p.llm_calls for p in programs)} model steps recorded.\n"
+        f"Explore: maitred programs --db {db_url}\n"
+        f"         maitred timeline demo-0 --db {db_url} --png timeline.png"
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="maitred", description="Agent-aware serving for LLM agents.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def db_flag(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--db", default=default_db_url(), help="database URL (default: $MAITRED_DB or sqlite:///maitred.db)")
+
+    def add(name: str, fn: Callable[[argparse.Namespace], int], help: str, parent: Any = sub) -> argparse.ArgumentParser:
+        p = parent.add_parser(name, help=help, description=help)
+        p.set_defaults(func=fn)
+        return p
+
+    stats = sub.add_parser("stats", help="history statistics").add_subparsers(dest="what", required=True, metavar="WHAT")
+    p = add("tools", cmd_stats_tools, "tool-call duration statistics per tool", stats)
+    db_flag(p)
+    p.add_argument("--since", type=_since, help="only calls that ended after: 1h, 30m, 2d, an ISO date or unix seconds")
+    p.add_argument("--tool", help="one tool only")
+    p.add_argument("--agent", help="one agent only")
+    p.add_argument("--by-signature", action="store_true", help="group by tool signature (e.g. Bash:pytest) instead of tool")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+
+    p = add("programs", cmd_programs, "recorded programs, newest first")
+    db_flag(p)
+    p.add_argument("--since", type=_since)
+    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--json", action="store_true")
+
+    p = add("timeline", cmd_timeline, "one program's busy/idle phases")
+    p.add_argument("program_id")
+    db_flag(p)
+    p.add_argument("--png", help="also draw the timeline to this PNG file")
+    p.add_argument("--json", action="store_true")
+
+    db = sub.add_parser("db", help="database schema").add_subparsers(dest="what", required=True, metavar="WHAT")
+    db_flag(add("upgrade", cmd_db_upgrade, "apply migrations up to the newest schema", db))
+
+    p = add("export", cmd_export, "write the history as a replayable JSONL trace")
+    db_flag(p)
+    p.add_argument("--out", required=True, help="trace file to write")
+    p.add_argument("--since", type=_since)
+
+    p = add("demo", cmd_demo, "run an instrumented multi-agent workload into SQLite and show its statistics")
+    p.add_argument("--db-file", default="maitred-demo.db", help="SQLite file to (re)create")
+    p.add_argument("--programs", type=int, default=6)
+    p.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CliError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 1
+    except Exception as exc:
+        if os.environ.get("MAITRED_DEBUG"):
+            raise
+        console.print(f"[red]error:[/red] {type(exc).__name__}: {exc}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Test doubles that are real parts: an in-memory sink and a real HTTP server on 127.0.0.1."""
+
+import json
+import socket
+import threading
+from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from maitred.events import Event
+
+
+class ListSink:
+    """Keeps every delivered event, in order (the emitter still runs its real thread)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def send(self, events: Sequence[Event]) -> None:
+        self.events.extend(events)
+
+    def close(self) -> None:
+        pass
+
+    def of_type(self, kind: str) -> list[Event]:
+        return [e for e in self.events if e.TYPE == kind]
+
+
+class EventServer:
+    """A stdlib HTTP server that accepts POST /v1/events, failing the first ``fail_first``
+    requests with 503 so retry behaviour can be observed."""
+
+    def __init__(self, fail_first: int = 0) -> None:
+        self.bodies: list[list[dict]] = []
+        self.auth: list[str | None] = []
+        self.fail_first = fail_first
+        self.requests = 0
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (stdlib name)
+                length = int(self.headers.get("content-length", 0))
+                body = self.rfile.read(length)
+                server.requests += 1
+                if server.requests <= server.fail_first:
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                server.auth.append(self.headers.get("authorization"))
+                server.bodies.append(json.loads(body))
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.end_headers()
+                self.wfile.write(b'{"accepted": 0}')
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> "EventServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    @property
+    def events(self) -> list[dict]:
+        return [e for body in self.bodies for e in body]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,271 @@
+import asyncio
+import contextvars
+import threading
+import time
+import traceback
+
+import pytest
+
+import maitred
+from maitred.middleware import EmitterSettings
+from maitred.storage import SessionStore
+from tests.helpers import ListSink, free_port
+
+
+@pytest.fixture
+def sink():
+    sink = ListSink()
+    maitred.configure(sinks=[sink], settings=EmitterSettings(interval_s=0.05))
+    return sink
+
+
+def flushed(sink: ListSink) -> ListSink:
+    assert maitred.flush(timeout=5)
+    return sink
+
+
+def test_sync_async_generator_and_async_generator_tools_are_recorded(sink):
+    @maitred.tool
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    @maitred.tool(name="sleepy", timeout=5)
+    async def nap() -> str:
+        await asyncio.sleep(0.01)
+        return "rested"
+
+    @maitred.tool
+    def count(n: int):
+        yield from range(n)
+        return "done"
+
+    @maitred.tool
+    async def acount(n: int):
+        for i in range(n):
+            yield i
+
+    async def collect():
+        return [x async for x in acount(3)]
+
+    with maitred.program("p-1", agent="coder"):
+        assert add(2, 3) == 5
+        assert asyncio.run(nap()) == "rested"
+        gen = count(2)
+        assert list(gen) == [0, 1]
+        assert asyncio.run(collect()) == [0, 1, 2]
+
+    events = flushed(sink).events
+    starts = [e for e in events if e.TYPE == "tool.start"]
+    ends = [e for e in events if e.TYPE == "tool.end"]
+    assert [e.tool for e in starts] == ["add", "sleepy", "count", "acount"]
+    assert [e.status for e in ends] == ["ok"] * 4
+    assert {e.program_id for e in starts + ends} == {"p-1"} and {e.agent for e in starts} == {"coder"}
+    assert starts[1].deadline_s == 5
+    assert [s.call_id for s in starts] == [e.call_id for e in ends]
+    assert ends[1].duration_s >= 0.01
+    assert [e.TYPE for e in (events[0], events[-1])] == ["program.start", "program.end"]
+
+
+def test_generator_return_value_and_send_pass_through(sink):
+    @maitred.tool
+    def echo():
+        got = yield "first"
+        yield f"got {got}"
+        return "finished"
+
+    gen = echo()
+    assert next(gen) == "first"
+    assert gen.send("x") == "got x"
+    with pytest.raises(StopIteration) as info:
+        next(gen)
+    assert info.value.value == "finished"
+    assert flushed(sink).of_type("tool.end")[0].status == "ok"
+
+
+def test_async_generator_closed_early_records_interrupted(sink):
+    @maitred.tool
+    async def stream():
+        for i in range(100):
+            yield i
+
+    async def first_two():
+        agen = stream()
+        out = [await agen.__anext__(), await agen.__anext__()]
+        await agen.aclose()
+        return out
+
+    assert asyncio.run(first_two()) == [0, 1]
+    assert flushed(sink).of_type("tool.end")[0].status == "interrupted"
+
+
+class Boom(Exception):
+    pass
+
+
+def test_tool_exception_comes_out_unchanged_and_is_recorded_as_error(sink):
+    raised = Boom("disk on fire")
+
+    @maitred.tool
+    def explode(x: int) -> None:
+        raise raised
+
+    with pytest.raises(Boom) as info:
+        explode(1)
+    assert info.value is raised
+    frames = traceback.extract_tb(info.value.__traceback__)
+    assert frames[-1].name == "explode" and frames[-1].line == "raise raised"
+
+    @maitred.tool
+    async def aexplode() -> None:
+        raise TimeoutError("slow")
+
+    with pytest.raises(TimeoutError):
+        asyncio.run(aexplode())
+    assert [e.status for e in flushed(sink).of_type("tool.end")] == ["error", "timeout"]
+
+
+def test_langchain_tool_on_top_keeps_name_docstring_and_schema(sink):
+    from langchain_core.tools import tool as lc_tool
+
+    def search(query: str, limit: int = 5) -> str:
+        """Search the codebase for a query."""
+        return f"{query}:{limit}"
+
+    async def fetch(url: str) -> str:
+        """Fetch a URL."""
+        return url.upper()
+
+    wrapped = lc_tool(maitred.tool(search))
+    bare = lc_tool(search)
+    assert wrapped.name == "search"
+    assert wrapped.description == "Search the codebase for a query."
+    assert wrapped.args == bare.args
+    assert wrapped.args_schema.model_json_schema() == bare.args_schema.model_json_schema()
+    assert wrapped.invoke({"query": "def main", "limit": 2}) == "def main:2"
+
+    awrapped = lc_tool(maitred.tool(fetch))
+    assert awrapped.args == lc_tool(fetch).args
+    assert asyncio.run(awrapped.ainvoke({"url": "x"})) == "X"
+    assert [e.tool for e in flushed(sink).of_type("tool.start")] == ["search", "fetch"]
+
+
+def test_deadline_read_from_each_call_in_milliseconds(sink):
+    @maitred.tool(name="Bash", deadline_arg="timeout", deadline_unit="ms", timeout=120)
+    def bash(command: str, timeout: int | None = None) -> str:
+        return command
+
+    bash("ls", timeout=30_000)
+    bash("ls", 5_000)
+    bash("ls")
+    assert [e.deadline_s for e in flushed(sink).of_type("tool.start")] == [30.0, 5.0, 120]
+
+
+def test_bad_decorator_arguments_fail_at_decoration_time():
+    with pytest.raises(ValueError, match="deadline_arg 'timeout' is not a parameter"):
+        maitred.tool(deadline_arg="timeout")(lambda command: command)
+    with pytest.raises(ValueError, match="deadline_unit"):
+        maitred.tool(deadline_arg="t", deadline_unit="h")(lambda t: t)
+    with pytest.raises(ValueError, match="timeout must be positive"):
+        maitred.tool(timeout=0)(lambda: None)
+
+
+def test_tool_call_block_reports_progress_and_errors(sink):
+    with maitred.program("p-2"):
+        with maitred.tool_call("pytest", timeout=30, signature="Bash:pytest") as call:
+            call.progress(fraction=0.5, eta_s=3.0)
+        with pytest.raises(KeyError):
+            with maitred.tool_call("lookup"):
+                raise KeyError("missing")
+    events = flushed(sink).events
+    progress = [e for e in events if e.TYPE == "tool.progress"][0]
+    assert (progress.fraction, progress.eta_s, progress.call_id) == (0.5, 3.0, call.call_id)
+    assert [e.status for e in events if e.TYPE == "tool.end"] == ["ok", "error"]
+    assert [e.signature for e in events if e.TYPE == "tool.start"] == ["Bash:pytest", None]
+    assert events[-1].TYPE == "program.end" and events[-1].status == "ok"
+
+
+def test_program_left_by_an_exception_ends_with_error_and_the_exception_passes(sink):
+    with pytest.raises(KeyError):
+        with maitred.program("p-3"):
+            raise KeyError("x")
+    end = flushed(sink).of_type("program.end")[0]
+    assert (end.program_id, end.status) == ("p-3", "error")
+
+
+def test_context_follows_asyncio_tasks_and_copied_threads(sink):
+    @maitred.tool
+    def where() -> str:
+        return threading.current_thread().name
+
+    async def main():
+        async with maitred.program("p-async", agent="a"):
+            await asyncio.gather(asyncio.to_thread(where), asyncio.create_task(asyncio.to_thread(where)))
+
+    asyncio.run(main())
+    with maitred.program("p-thread", agent="b"):
+        ctx = contextvars.copy_context()
+        t = threading.Thread(target=ctx.run, args=(where,))
+        t.start()
+        t.join()
+    starts = flushed(sink).of_type("tool.start")
+    assert [(e.program_id, e.agent) for e in starts] == [("p-async", "a")] * 2 + [("p-thread", "b")]
+
+
+def test_nested_program_records_its_parent_and_handoff_switches_agent(sink):
+    with maitred.program("parent", agent="planner"):
+        maitred.handoff("coder", messages=[{"role": "user", "content": "fix it"}], child_program_id="child")
+        with maitred.program("child", agent="coder"):
+            pass
+        with maitred.agent("reviewer"):
+            maitred.handoff("planner")
+    events = flushed(sink).events
+    child_start = [e for e in events if e.TYPE == "program.start" and e.program_id == "child"][0]
+    assert child_start.parent_program_id == "parent"
+    first, second = [e for e in events if e.TYPE == "handoff"]
+    assert (first.from_agent, first.to_agent, first.child_program_id) == ("planner", "coder", "child")
+    assert first.context_hash and len(first.context_hash) == 32
+    assert (second.from_agent, second.program_id) == ("reviewer", "parent")
+
+
+def test_tool_outside_any_program_is_recorded_under_the_process_program(sink):
+    maitred.tool(lambda: 1)()
+    assert flushed(sink).of_type("tool.start")[0].program_id.startswith("process:")
+
+
+def test_store_down_does_not_break_the_tool_and_flush_honours_its_timeout():
+    dead = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/test"
+    maitred.configure(db_url=dead)
+
+    @maitred.tool
+    def work(x: int) -> int:
+        return x * 2
+
+    with maitred.program("p-down"):
+        assert [work(i) for i in range(50)] == [i * 2 for i in range(50)]
+    began = time.monotonic()
+    assert maitred.flush(timeout=1) is False
+    assert time.monotonic() - began < 3.0
+    (stats,) = maitred.stats()
+    assert stats.queued == 102 and stats.delivered == 0
+    assert "OperationalError" in stats.last_error
+    assert maitred.shutdown(timeout=0.2) is False
+    # the events that could not go are counted as dropped, not silently lost
+    from maitred.middleware import config
+
+    assert config._emitters is None
+
+
+def test_events_reach_a_real_store(telemetry, tmp_path):
+    @maitred.tool
+    def slow() -> str:
+        time.sleep(0.02)
+        return "ok"
+
+    with maitred.program("p-store", agent="a"):
+        slow()
+        slow()
+    assert maitred.flush(timeout=10)
+    with SessionStore(telemetry) as store:
+        stats = store.tool_stats("slow")
+        assert stats.n == 2 and stats.min_s >= 0.02
+        assert store.program("p-store").program.status == "ok"
