@@ -64,7 +64,7 @@ def tool_stats_table(rows: Sequence[Any], title: str = "tool durations") -> Tabl
         if r.tool == ALL_TOOLS:
             table.add_section()
         table.add_row(
-            "[italic]all tools[/italic]" if r.tool == ALL_TOOLS else r.tool, str(r.n), _fmt_s(r.mean_s),
+            "[italic](all)[/italic]" if r.tool == ALL_TOOLS else r.tool, str(r.n), _fmt_s(r.mean_s),
             _fmt_s(r.std_s), _fmt_s(r.min_s), _fmt_s(r.p50_s), _fmt_s(r.p90_s), _fmt_s(r.p99_s), _fmt_s(r.max_s),
         )
     return table
@@ -163,7 +163,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"{len(programs)} programs, {sum(p.tool_calls for p in programs)} tool calls, "
         f"{sum(p.llm_calls for p in programs)} model steps recorded.\n"
         f"Explore: maitred programs --db {db_url}\n"
-        f"         maitred timeline demo-0 --db {db_url} --png timeline.png"
+        f"         maitred timeline demo-0 --db {db_url} --png timeline.png",
+        soft_wrap=True,
     )
     return 0
 

@@ -1,0 +1,88 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from maitred.cli import main
+from maitred.events import decode_batch
+from maitred.storage import SessionStore
+from tests.test_store import T0, tool_events
+
+
+@pytest.fixture
+def filled(db_url):
+    with SessionStore(db_url) as store:
+        raw = [
+            {"type": "program.start", "ts": T0, "program_id": "p-1", "agent": "planner"},
+            {"type": "llm.start", "ts": T0, "program_id": "p-1", "request_id": "r"},
+            {"type": "llm.end", "ts": T0 + 1, "program_id": "p-1", "request_id": "r", "prompt_tokens": 10, "completion_tokens": 2},
+            *tool_events("p-1", "grep", [0.1, 0.3, 0.2], start=T0 + 1),
+            {"type": "handoff", "ts": T0 + 3, "program_id": "p-1", "from_agent": "planner", "to_agent": "coder"},
+            {"type": "program.end", "ts": T0 + 4, "program_id": "p-1"},
+        ]
+        store.write(decode_batch(raw, now=T0 + 10).events)
+    return db_url
+
+
+def test_stats_tools_json_is_one_document(filled, capsys):
+    assert main(["stats", "tools", "--db", filled, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["tool"], r["n"]) for r in rows] == [("grep", 3), ("*", 3)]
+    assert rows[0]["p50_s"] == pytest.approx(0.2)
+
+
+def test_stats_tools_table_and_single_tool(filled, capsys):
+    assert main(["stats", "tools", "--db", filled, "--tool", "grep"]) == 0
+    out = capsys.readouterr().out
+    assert "grep" in out and "200.0ms" in out
+    assert main(["stats", "tools", "--db", filled, "--tool", "nope"]) == 0
+    assert "no completed tool calls for tool 'nope'" in capsys.readouterr().out
+
+
+def test_programs_and_timeline(filled, capsys, tmp_path):
+    assert main(["programs", "--db", filled, "--json"]) == 0
+    (program,) = json.loads(capsys.readouterr().out)
+    assert (program["program_id"], program["tool_calls"], program["llm_calls"]) == ("p-1", 3, 1)
+    png = tmp_path / "timeline.png"
+    assert main(["timeline", "p-1", "--db", filled, "--png", str(png), "--json"]) == 0
+    out = capsys.readouterr().out
+    doc = json.loads(out[out.index("{"):])
+    assert doc["totals"]["acting_s"] == pytest.approx(0.6) and len(doc["handoffs"]) == 1
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert main(["timeline", "missing", "--db", filled]) == 1
+    assert "no program 'missing'" in capsys.readouterr().out
+
+
+def test_export_and_db_upgrade(filled, capsys, tmp_path):
+    assert main(["db", "upgrade", "--db", filled]) == 0
+    assert "schema at revision 0001" in capsys.readouterr().out
+    out = tmp_path / "t.jsonl"
+    assert main(["export", "--db", filled, "--out", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 2
+
+
+def test_bad_flag_value_names_the_flag(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["stats", "tools", "--since", "yesterday-ish"])
+    assert info.value.code == 2
+    assert "--since" in capsys.readouterr().err
+
+
+def test_unreachable_database_is_one_line_not_a_traceback(capsys):
+    from tests.helpers import free_port
+
+    assert main(["stats", "tools", "--db", f"postgresql://postgres@127.0.0.1:{free_port()}/x"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("error: OperationalError") and "Traceback" not in out
+
+
+def test_demo_command_runs_end_to_end(tmp_path):
+    exe = Path(sys.executable).with_name("maitred")
+    result = subprocess.run([str(exe), "demo", "--programs", "3"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "(all)" in result.stdout and "3 programs" in result.stdout
+    with SessionStore(f"sqlite:///{tmp_path / 'maitred-demo.db'}") as store:
+        assert {r.tool for r in store.tool_stats_all()} >= {"grep", "read_file", "bash", "*"}
+        assert all(p.status == "ok" for p in store.programs())

@@ -1,0 +1,166 @@
+import json
+
+import numpy as np
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import func, select
+
+from maitred.events import decode_batch
+from maitred.storage import ALL_TOOLS, SessionStore
+from maitred.storage.models import Base, EventRow, ToolCallRow
+
+T0 = 1_800_000_000.0
+
+
+def tool_events(program: str, tool: str, durations, *, start=T0, agent="a", signature=None):
+    out, t = [], start
+    for i, d in enumerate(durations):
+        out.append({"type": "tool.start", "ts": t, "program_id": program, "agent": agent, "call_id": f"{tool}-{i}",
+                    "tool": tool, **({"signature": signature} if signature else {})})
+        out.append({"type": "tool.end", "ts": t + d, "program_id": program, "agent": agent, "call_id": f"{tool}-{i}",
+                    "duration_s": d})
+        t += d + 1
+    return out
+
+
+def write(store: SessionStore, raw: list[dict]) -> int:
+    batch = decode_batch(raw, now=T0 + 10**6)
+    assert not batch.rejected, batch.rejected
+    return store.write(batch.events)
+
+
+@pytest.fixture
+def store(db_url):
+    with SessionStore(db_url) as s:
+        yield s
+
+
+def test_migrations_create_exactly_the_models(store):
+    with store.engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    assert diff == []
+
+
+def test_tool_stats_equal_numpy_on_the_same_durations(store):
+    rng = np.random.default_rng(7)
+    durations = rng.lognormal(0.0, 1.2, size=257).round(6)
+    write(store, tool_events("p1", "pytest", durations[:200]) + tool_events("p2", "pytest", durations[200:], agent="b"))
+    write(store, tool_events("p3", "grep", [0.01, 0.02, 0.03]))
+    stats = store.tool_stats("pytest")
+    assert stats.n == 257
+    np.testing.assert_allclose(
+        [stats.mean_s, stats.std_s, stats.min_s, stats.max_s, stats.p50_s, stats.p90_s, stats.p99_s],
+        [durations.mean(), durations.std(ddof=1), durations.min(), durations.max(),
+         *np.percentile(durations, [50, 90, 99])],
+        rtol=1e-12,
+    )
+    assert store.tool_stats("pytest", agent="b").n == 57
+    assert store.tool_stats("nope") is None
+    rows = store.tool_stats_all()
+    assert [r.tool for r in rows] == ["grep", "pytest", ALL_TOOLS]
+    everything = np.concatenate([durations, [0.01, 0.02, 0.03]])
+    assert rows[-1].n == 260 and rows[-1].p90_s == pytest.approx(np.percentile(everything, 90), rel=1e-12)
+
+
+def test_since_keeps_only_calls_that_ended_after(store):
+    write(store, tool_events("p", "t", [1.0] * 10, start=T0))
+    later = tool_events("q", "t", [2.0] * 4, start=T0 + 1000)
+    write(store, later)
+    assert store.tool_stats("t", since=T0 + 500).n == 4
+    assert store.tool_stats("t").n == 14
+
+
+def test_stats_by_signature_separate_commands_of_one_tool(store):
+    write(store, tool_events("p", "Bash", [30.0] * 5, signature="Bash:pytest"))
+    write(store, tool_events("q", "Bash", [0.01] * 5, signature="Bash:ls"))
+    by_sig = {r.tool: r for r in store.tool_stats_all(by_signature=True)}
+    assert by_sig["Bash:pytest"].mean_s == 30.0 and by_sig["Bash:ls"].mean_s == 0.01
+    assert store.tool_stats(signature="Bash:ls").n == 5
+
+
+def test_resending_a_batch_counts_nothing_twice(store):
+    raw = tool_events("p", "grep", [0.5, 1.5]) + [
+        {"type": "program.start", "ts": T0 - 1, "program_id": "p", "agent": "a"},
+        {"type": "llm.end", "ts": T0 + 5, "program_id": "p", "request_id": "r1", "prompt_tokens": 100, "completion_tokens": 9},
+        {"type": "handoff", "ts": T0 + 6, "program_id": "p", "from_agent": "a", "to_agent": "b", "messages": [{"m": 1}]},
+    ]
+    assert write(store, raw) == 7
+    write(store, raw)
+    write(store, raw + raw)
+    with store.engine.connect() as conn:
+        assert conn.scalar(select(func.count()).select_from(EventRow)) == 7
+        assert conn.scalar(select(func.count()).select_from(ToolCallRow)) == 2
+    assert store.tool_stats("grep").n == 2
+    timeline = store.program("p")
+    assert len(timeline.handoffs) == 1 and timeline.handoffs[0]["n_messages"] == 1
+    assert [s.kind for s in timeline.spans].count("llm") == 1
+
+
+def test_good_events_of_a_batch_with_bad_ones_are_stored_once(store):
+    raw = tool_events("p", "grep", [0.2]) + [
+        {"type": "tool.start", "ts": T0, "program_id": "p", "tool": "grep"},          # missing call_id
+        {"type": "tool.start", "ts": "yesterday", "program_id": "p", "call_id": "x", "tool": "grep"},
+        {"type": "warp.drive", "ts": T0, "program_id": "p"},
+        {"type": "program.end", "ts": T0, "program_id": "p" * 10_240},
+    ]
+    batch = decode_batch(raw, now=T0 + 10)
+    assert [r.field for r in batch.rejected] == ["call_id", "ts", "type", "program_id"]
+    store.write(batch.events)
+    store.write(batch.events)
+    assert store.tool_stats("grep").n == 1
+    assert len(store.events()) == 2
+
+
+def test_tool_end_arriving_before_its_start_still_makes_one_complete_call(store):
+    start, end = tool_events("p", "slow", [3.0])
+    write(store, [end])
+    assert store.tool_stats("slow") is None  # the tool's name only comes with tool.start
+    write(store, [start])
+    assert store.tool_stats("slow").n == 1
+    timeline = store.program("p")
+    (span,) = timeline.spans
+    assert (span.start, span.end, span.status) == (T0, T0 + 3.0, "ok")
+
+
+def test_program_timeline_has_phases_waits_and_busy_idle_totals(store):
+    write(store, [
+        {"type": "program.start", "ts": T0, "program_id": "p", "agent": "planner", "framework": "custom"},
+        {"type": "llm.start", "ts": T0, "program_id": "p", "request_id": "r1", "prompt_tokens": 1000},
+        {"type": "llm.end", "ts": T0 + 2, "program_id": "p", "request_id": "r1", "prompt_tokens": 1000,
+         "cached_tokens": 900, "completion_tokens": 50},
+        *tool_events("p", "pytest", [5.0], start=T0 + 2),
+        {"type": "program.wait", "ts": T0 + 8, "program_id": "p"},
+        {"type": "program.resume", "ts": T0 + 20, "program_id": "p"},
+        {"type": "program.end", "ts": T0 + 21, "program_id": "p", "status": "ok"},
+    ])
+    timeline = store.program("p")
+    assert [s.kind for s in timeline.spans] == ["llm", "tool", "wait"]
+    assert timeline.busy_idle() == {"reasoning_s": 2.0, "acting_s": 5.0, "waiting_s": 12.0}
+    assert timeline.program.tool_calls == 1 and timeline.program.llm_calls == 1
+    assert store.program("unknown") is None
+    (summary,) = store.programs()
+    assert (summary.program_id, summary.framework, summary.status) == ("p", "custom", "ok")
+
+
+def test_export_trace_writes_the_documented_format(store, tmp_path):
+    write(store, [
+        {"type": "program.start", "ts": T0, "program_id": "p", "agent": "planner"},
+        {"type": "llm.start", "ts": T0, "program_id": "p", "request_id": "r1"},
+        {"type": "llm.end", "ts": T0 + 1, "program_id": "p", "request_id": "r1", "prompt_tokens": 500, "completion_tokens": 20},
+        {"type": "tool.start", "ts": T0 + 1, "program_id": "p", "call_id": "c", "tool": "Bash", "deadline_s": 120.0},
+        {"type": "tool.end", "ts": T0 + 4, "program_id": "p", "call_id": "c", "status": "ok"},
+        {"type": "handoff", "ts": T0 + 5, "program_id": "p", "from_agent": "planner", "to_agent": "coder", "context_tokens": 520},
+        {"type": "program.start", "ts": T0 + 100, "program_id": "q", "parent_program_id": "p"},
+    ])
+    out = tmp_path / "trace.jsonl"
+    assert store.export_trace(out) == 2
+    header, *programs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (header["format"], header["version"], header["programs"]) == ("maitred-trace", 1, 2)
+    p = programs[0]
+    assert p["program_id"] == "p" and p["agent"] == "planner"
+    assert p["steps"][0]["prompt_tokens"] == 500 and p["steps"][0]["completion_tokens"] == 20
+    assert p["tool_calls"][0] | {} == {**p["tool_calls"][0], "duration_s": 3.0, "deadline_s": 120.0, "tool": "Bash"}
+    assert p["handoffs"][0]["to_agent"] == "coder" and p["handoffs"][0]["context_tokens"] == 520
+    assert programs[1]["parent_program_id"] == "p"
+    assert store.export_trace(tmp_path / "later.jsonl", since=T0 + 50) == 1
