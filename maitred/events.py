@@ -11,7 +11,7 @@ import json
 import math
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, Strict, TypeAdapter, ValidationError
@@ -147,6 +147,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Handoff, ProgramWait, ProgramResume, AdapterPublish,
     )
 }
+_FIELDS: dict[str, tuple[str, ...]] = {name: tuple(f.name for f in fields(cls)) for name, cls in EVENT_TYPES.items()}
 _UNKNOWN_FIELD = ("unexpected_keyword_argument", "extra_forbidden")
 _ADAPTERS: dict[str, TypeAdapter[Any]] = {name: TypeAdapter(cls) for name, cls in EVENT_TYPES.items()}
 
@@ -250,9 +251,16 @@ def loads_batch(body: bytes | str, *, now: float | None = None) -> Batch:
 
 
 def encode_event(event: Event) -> dict[str, Any]:
-    """The wire form: ``v`` and ``type`` first, then the set fields (``None`` left out)."""
+    """The wire form: ``v`` and ``type`` first, then the set fields (``None`` left out).
+
+    Values are shared with the event, not copied (``dataclasses.asdict`` deep-copies and was
+    most of the store's ingest time); events are frozen, so nothing mutates them.
+    """
     out: dict[str, Any] = {"v": SCHEMA_VERSION, "type": event.TYPE}
-    out.update((k, v) for k, v in asdict(event).items() if v is not None)
+    for name in _FIELDS[event.TYPE]:
+        value = getattr(event, name)
+        if value is not None:
+            out[name] = value
     return out
 
 

@@ -15,8 +15,9 @@ class ListSink:
     def __init__(self) -> None:
         self.events: list[Event] = []
 
-    def send(self, events: Sequence[Event]) -> None:
+    def send(self, events: Sequence[Event]) -> int:
         self.events.extend(events)
+        return 0
 
     def close(self) -> None:
         pass

@@ -269,3 +269,15 @@ def test_events_reach_a_real_store(telemetry, tmp_path):
         stats = store.tool_stats("slow")
         assert stats.n == 2 and stats.min_s >= 0.02
         assert store.program("p-store").program.status == "ok"
+
+
+def test_a_bad_value_from_the_agent_is_refused_alone_and_counted(telemetry):
+    with maitred.program("x" * 10_240):
+        pass
+    with maitred.program("p-good"):
+        maitred.tool(lambda: 1)()
+    assert maitred.flush(timeout=10)
+    (stats,) = maitred.stats()
+    assert stats.dropped == 2 and stats.delivered == 4
+    with SessionStore(telemetry) as store:
+        assert [p.program_id for p in store.programs()] == ["p-good"]

@@ -104,7 +104,7 @@ class Emitter:
                 batch = self._pending
                 self._sending = True
             try:
-                self.sink.send(batch)
+                refused = self.sink.send(batch) or 0
             except PermanentSinkError as exc:
                 self._give_up(batch, exc)
             except Exception as exc:  # any sink failure: keep the batch, back off, report once
@@ -116,7 +116,8 @@ class Emitter:
                     self._sending = False
                 return False
             else:
-                self.delivered += len(batch)
+                self.delivered += len(batch) - refused
+                self.dropped += refused
                 if self._down:
                     self._down = False
                     log.warning("maitred: %s reachable again", self.name)

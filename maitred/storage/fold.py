@@ -6,7 +6,7 @@ merged here, so each table receives a single upsert per key per batch — Postgr
 """
 
 import hashlib
-import json
+import orjson
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +24,19 @@ LLM_COLUMNS = (
     "program_id", "request_id", "agent", "model", "started_at", "ended_at", "prompt_tokens", "cached_tokens",
     "completion_tokens", "worker", "ttft_s", "status",
 )
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted keys, no spaces; anything JSON cannot hold (a datetime in ``attrs``) becomes its
+    ``str`` rather than failing the whole batch."""
+    return orjson.dumps(value, default=str, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode()
+
+
+def event_key(ts: float, body: str) -> str:
+    """Idempotency key: the time, then a content hash. Leading with the time keeps inserts into
+    the unique index nearly sequential (events arrive roughly in time order); a bare random hash
+    made every insert land on a random index page and cut SQLite ingest by two thirds."""
+    return f"{ts:017.6f}{hashlib.sha1(body.encode()).hexdigest()[:23]}"
 
 
 @dataclass
@@ -46,8 +59,8 @@ def fold(events: Iterable[Event]) -> Folded:
     out = Folded()
     seen: set[str] = set()
     for event in events:
-        body = json.dumps(encode_event(event), sort_keys=True, separators=(",", ":"))
-        key = hashlib.sha1(body.encode()).hexdigest()
+        body = canonical_json(encode_event(event))
+        key = event_key(event.ts, body)
         if key in seen:
             continue
         seen.add(key)
@@ -88,7 +101,7 @@ def _fold_one(out: Folded, e: Event, key: str) -> None:
             _merge(out.programs, pid, PROGRAM_COLUMNS, {
                 "program_id": pid, "parent_program_id": e.parent_program_id, "agent": e.agent,
                 "framework": e.framework, "started_at": e.ts,
-                "attrs": json.dumps(e.attrs, sort_keys=True) if e.attrs else None,
+                "attrs": canonical_json(e.attrs) if e.attrs else None,
             })
         case ProgramEnd():
             _merge(out.programs, pid, PROGRAM_COLUMNS, {"program_id": pid, "ended_at": e.ts, "status": e.status})
