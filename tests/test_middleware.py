@@ -1,5 +1,7 @@
 import asyncio
 import contextvars
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -248,11 +250,25 @@ def test_store_down_does_not_break_the_tool_and_flush_honours_its_timeout():
     (stats,) = maitred.stats()
     assert stats.queued == 102 and stats.delivered == 0
     assert "OperationalError" in stats.last_error
-    assert maitred.shutdown(timeout=0.2) is False
-    # the events that could not go are counted as dropped, not silently lost
     from maitred.middleware import config
 
-    assert config._emitters is None
+    (emitter,) = config._emitters
+    assert maitred.shutdown(timeout=0.2) is False
+    assert emitter.dropped == 102  # what could not go is counted as dropped, not silently lost
+
+
+def test_events_are_flushed_at_interpreter_exit(tmp_path):
+    db = tmp_path / "exit.db"
+    script = (
+        "import maitred\n"
+        f"maitred.configure(db_url='sqlite:///{db}')\n"
+        "with maitred.program('p-exit'):\n"
+        "    [maitred.tool(lambda: 1)() for _ in range(500)]\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    with SessionStore(f"sqlite:///{db}") as store:
+        assert store.tool_stats().n == 500
+        assert store.program("p-exit").program.status == "ok"
 
 
 def test_events_reach_a_real_store(telemetry, tmp_path):
