@@ -1,0 +1,129 @@
+"""The plain data the policies read: programs, workers, and the knobs of the signals.
+
+These are mutable records owned by ``RuntimeState`` (which alone writes them, from events and
+applied decisions). Policies receive them read-only through a ``View`` and answer with a
+``Decision``; the tests check that a policy step leaves the state untouched.
+"""
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Phase(StrEnum):
+    """What the program is doing (not what the scheduler did to it)."""
+
+    REASONING = "reasoning"        # a model call is running or queued: the program wants the GPU
+    ACTING = "acting"              # between model calls: a tool runs, or the client is busy
+    WAITING_HUMAN = "waiting_human"  # blocked on a person (Claude Code Stop ... UserPromptSubmit)
+
+
+class Tier(StrEnum):
+    """Where the scheduler keeps the program's KV on its home worker."""
+
+    GPU = "gpu"
+    CPU = "cpu"
+    WAITING = "waiting"  # KV dropped (or never built): resuming costs a full prefill
+
+
+CacheKey = tuple[str, str | None, str | None, str | None]
+"""(worker, model, adapter, adapter version): KV is only reusable under the same key (LOCAL)."""
+
+
+@dataclass(slots=True)
+class OpenTool:
+    call_id: str
+    tool: str
+    signature: str | None
+    started: float
+    deadline_s: float | None = None
+    eta_s: float | None = None           # seconds left, as of ``eta_at`` (tool.progress)
+    eta_at: float | None = None
+    ended_at: float | None = None        # completion observed
+
+
+@dataclass(slots=True)
+class Residency:
+    tokens: int
+    observed_at: float
+
+
+@dataclass(slots=True)
+class ProgramState:
+    program_id: str
+    agent: str | None = None
+    parent_program_id: str | None = None
+    phase: Phase = Phase.REASONING
+    phase_since: float = 0.0
+    tool: OpenTool | None = None
+    returned: bool = False               # a tool (or a human) finished; the next request is imminent
+    context_tokens: int = 0
+    model: str | None = None
+    adapter: str | None = None
+    adapter_version: str | None = None
+    home_worker: str | None = None
+    tier: Tier = Tier.WAITING
+    lazy_demote: bool = False
+    residency: dict[CacheKey, Residency] = field(default_factory=dict)
+    # Idleness history: completed (reasoning_s, acting_s) cycles, newest last, plus the open cycle.
+    cycles: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=16))
+    open_reason_s: float = 0.0
+    open_act_s: float = 0.0
+
+    def weight(self, reserve_tokens: int) -> int:
+        """KV demand used for admission: context plus a reserve for the next step's growth."""
+        return self.context_tokens + reserve_tokens
+
+
+@dataclass(slots=True)
+class WorkerState:
+    worker_id: str
+    gpu_tokens: int
+    cpu_tokens: int = 0
+    healthy: bool = True
+    queued_requests: int = 0     # foreground requests waiting in the engine (SGLang /v1/loads)
+    used_tokens: int | None = None  # engine-reported KV use, when known
+    warmups_in_flight: int = 0
+
+
+@dataclass(slots=True)
+class PendingHandoff:
+    """A handoff whose consumer has not made its first request yet (a pre-prefill opportunity)."""
+
+    program_id: str               # where the consumer runs (the child program, or the same one)
+    to_agent: str
+    context_tokens: int
+    ts: float
+    expected_prompt_tokens: int | None = None
+    consumers: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class SignalConfig:
+    """Every parameter of the signals and policies, with the papers' defaults."""
+
+    idleness_cycles: int = 5          # MORI: K reason/act cycles, including the open one
+    horizon_s: float = 1.0            # TAO: r = 1 when the predicted return is within H
+    period_s: float = 1.0             # scheduling period (also the probe length)
+    default_tool_s: float = 5.0       # TAO: no history at all
+    min_history: int = 5              # TAO: per-tool history needs n >= 5
+    stale_after_s: float = 30.0       # TAO: an ETA not refreshed for this long gives r = 0
+    confidence: float = 0.9           # one-sided level of the finite-sample upper bound
+    credit_half_life_s: float = 10.0  # TAO: cache credit half-life
+    reserve_tokens: int = 512         # TAO: admission reserve per program
+    dp_quanta: int = 64               # capacity quanta per worker in the DP
+    dp_state_budget: int = 50_000     # DP states before falling back to BFD
+    warmup_reserve_tokens: int = 4096  # free KV a worker must keep beyond a warmup
+    max_warmups_in_flight: int = 2    # per worker
+    preprefill_beta: float = 0.5      # LOCAL: consumer-count weight
+    preprefill_cap_tokens: int = 8192  # LOCAL: M, the cap on missing tokens in D
+
+    def __post_init__(self) -> None:
+        for name in ("idleness_cycles", "min_history", "dp_quanta", "dp_state_budget"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        for name in ("horizon_s", "period_s", "default_tool_s", "stale_after_s", "credit_half_life_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if not 0.5 <= self.confidence < 1:
+            raise ValueError("confidence must be in [0.5, 1)")

@@ -1,0 +1,188 @@
+"""TAO's joint placement: value every (program, worker) pair, then choose all at once.
+
+Each pair gets the value (k, r, t) — cache credit on that worker, readiness, context tokens —
+compared lexicographically; the plan maximises the component-wise sum, lexicographically,
+subject to each worker's free GPU tokens and one worker per program. That is a multiple
+knapsack; ``solve_dp`` solves it exactly over capacities discretised by a quantum (weights
+rounded up, capacities down, so a DP plan is always feasible), vectorised with numpy: each
+layer holds every reachable vector of used quanta with its best value. Past a state budget it
+gives up and ``solve_bfd`` (best-fit decreasing) decides instead.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from maitred.runtime.decisions import Assignment, Signature
+from maitred.runtime.model import Phase, ProgramState, Tier
+from maitred.runtime.signals import cache_credit
+from maitred.runtime.state import View
+
+Value = tuple[int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """A candidate: its weight and its value on each worker (None: not eligible there)."""
+
+    key: str
+    weight: int
+    values: tuple[Value | None, ...]
+
+
+def solve_dp(items: list[Item], capacities: list[int], *, quanta: int, state_budget: int) -> list[int | None] | None:
+    """Exact lexicographic optimum over the discretised capacities: the worker index chosen
+    for each item (None: not placed), or None when the state budget was exceeded."""
+    m = len(capacities)
+    if not items or m == 0:
+        return [None] * len(items)
+    quantum = max(1, math.ceil(max(capacities) / quanta)) if max(capacities) > 0 else 1
+    cap = np.array([max(c, 0) // quantum for c in capacities], dtype=np.int64)
+    radix = np.cumprod(np.concatenate(([1], cap[:-1] + 1))).astype(np.int64)
+    used = np.zeros((1, m), dtype=np.int64)
+    value = np.zeros((1, 3), dtype=np.int64)
+    layers: list[tuple[np.ndarray, np.ndarray]] = []
+    for item in items:
+        w = math.ceil(item.weight / quantum)
+        blocks_used, blocks_value, parents, choices = [used], [value], [np.arange(len(used))], [np.full(len(used), -1)]
+        for b, v in enumerate(item.values):
+            if v is None:
+                continue
+            fits = used[:, b] + w <= cap[b]
+            if not fits.any():
+                continue
+            idx = np.nonzero(fits)[0]
+            nu = used[idx].copy()
+            nu[:, b] += w
+            blocks_used.append(nu)
+            blocks_value.append(value[idx] + np.array(v, dtype=np.int64))
+            parents.append(idx)
+            choices.append(np.full(len(idx), b))
+        all_used, all_value = np.concatenate(blocks_used), np.concatenate(blocks_value)
+        all_parent, all_choice = np.concatenate(parents), np.concatenate(choices)
+        keys = all_used @ radix
+        # Per distinct state keep the lexicographically best value (ties: the earlier candidate).
+        order = np.lexsort((-all_value[:, 2], -all_value[:, 1], -all_value[:, 0], keys))
+        first = np.ones(len(order), dtype=bool)
+        first[1:] = keys[order][1:] != keys[order][:-1]
+        keep = order[first]
+        if len(keep) > state_budget:
+            return None
+        used, value = all_used[keep], all_value[keep]
+        layers.append((all_parent[keep], all_choice[keep]))
+    best = int(np.lexsort((value[:, 2], value[:, 1], value[:, 0]))[-1])
+    plan: list[int | None] = [None] * len(items)
+    for j in range(len(items) - 1, -1, -1):
+        parent, choice = layers[j]
+        plan[j] = None if choice[best] < 0 else int(choice[best])
+        best = int(parent[best])
+    return plan
+
+
+def solve_bfd(items: list[Item], capacities: list[int]) -> list[int | None]:
+    """Best-fit decreasing: heaviest first, each into the eligible worker it fills most tightly
+    (ties: more value there)."""
+    free = list(capacities)
+    plan: list[int | None] = [None] * len(items)
+    for j in sorted(range(len(items)), key=lambda j: -items[j].weight):
+        item = items[j]
+        fitting = [b for b, v in enumerate(item.values) if v is not None and item.weight <= free[b]]
+        if fitting:
+            b = min(fitting, key=lambda b: (free[b] - item.weight, tuple(-x for x in item.values[b])))
+            plan[j] = b
+            free[b] -= item.weight
+    return plan
+
+
+def objective(items: list[Item], plan: list[int | None]) -> Value:
+    total = [0, 0, 0]
+    for item, b in zip(items, plan):
+        if b is not None:
+            for i, x in enumerate(item.values[b]):
+                total[i] += x
+    return (total[0], total[1], total[2])
+
+
+def signature(p: ProgramState) -> Signature:
+    return (p.phase, p.context_tokens, p.tier, p.home_worker, p.tool.call_id if p.tool else None, p.returned)
+
+
+def wants_gpu(p: ProgramState, view: View) -> bool:
+    return p.phase is Phase.REASONING or view.signals[p.program_id].readiness.r == 1
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    assignments: tuple[Assignment, ...]
+    fallback: bool
+
+
+def place(view: View, candidates: list[ProgramState], free: dict[str, int], *, use_dp: bool = True,
+          reason: dict[str, str] | None = None) -> Placement:
+    """Choose workers for ``candidates`` within ``free`` GPU tokens per worker."""
+    worker_ids = [w for w in free if view.workers[w].healthy]
+    capacities = [max(free[w], 0) for w in worker_ids]
+    reserve, cfg = view.cfg.reserve_tokens, view.cfg
+    items = []
+    for p in candidates:
+        r = view.signals[p.program_id].readiness.r
+        weight = p.weight(reserve)
+        values = tuple(
+            (cache_credit(p, w, view.now, cfg.credit_half_life_s, dict(view.adapter_versions)), r, p.context_tokens)
+            if weight <= cap else None
+            for w, cap in zip(worker_ids, capacities)
+        )
+        items.append(Item(p.program_id, weight, values))
+    plan = solve_dp(items, capacities, quanta=cfg.dp_quanta, state_budget=cfg.dp_state_budget) if use_dp else None
+    fallback = use_dp and plan is None
+    if plan is None:
+        plan = solve_bfd(items, capacities)
+    by_id = {p.program_id: p for p in candidates}
+    # Highest value first, so that applying a prefix of the plan keeps the most valuable part.
+    chosen = sorted(((items[j], b) for j, b in enumerate(plan) if b is not None), key=lambda ib: ib[0].values[ib[1]], reverse=True)
+    assignments = tuple(
+        Assignment(item.key, worker_ids[b], (reason or {}).get(item.key, "waiting"), signature(by_id[item.key]))
+        for item, b in chosen
+    )
+    return Placement(assignments, fallback)
+
+
+def applicable_prefix(assignments: tuple[Assignment, ...], view: View, free: dict[str, int]) -> tuple[Assignment, ...]:
+    """TAO's re-check before applying a plan computed on an older snapshot: walk the plan in
+    order and stop at the first step whose program changed (signature), left, became
+    ineligible, or no longer fits its worker's live free tokens."""
+    left = dict(free)
+    out: list[Assignment] = []
+    for a in assignments:
+        p = view.programs.get(a.program_id)
+        worker = view.workers.get(a.worker)
+        if p is None or worker is None or not worker.healthy or signature(p) != a.signature:
+            break
+        weight = p.weight(view.cfg.reserve_tokens)
+        if weight > left.get(a.worker, 0):
+            break
+        left[a.worker] -= weight
+        out.append(a)
+    return tuple(out)
+
+
+def candidates_for_placement(view: View, tiers: dict[str, Tier], free: dict[str, int]) -> tuple[list[ProgramState], dict[str, str]]:
+    """TAO's waiting pool: new programs, dropped (waiting) programs and returning host-tier
+    programs that no longer fit at home — each only when it wants the GPU."""
+    reserve = view.cfg.reserve_tokens
+    out, reason = [], {}
+    for p in view.programs.values():
+        if not wants_gpu(p, view):
+            continue
+        tier = tiers.get(p.program_id, p.tier)
+        if p.home_worker is None or p.home_worker not in free:
+            out.append(p)
+            reason[p.program_id] = "new" if p.home_worker is None else "failover"
+        elif tier is Tier.WAITING:
+            out.append(p)
+            reason[p.program_id] = "waiting"
+        elif tier is Tier.CPU and p.weight(reserve) > free[p.home_worker]:
+            out.append(p)
+            reason[p.program_id] = "returning"
+    return out, reason

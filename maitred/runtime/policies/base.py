@@ -1,0 +1,56 @@
+"""What every policy is: a name and ``step(view) -> Decision`` (plus shared finishing touches).
+
+Policies may keep small memory of their own between steps (a round-robin cursor) but never
+mutate the view; everything they decide is in the returned ``Decision``.
+"""
+
+from collections.abc import Iterable, Mapping
+from typing import Protocol
+
+from maitred.runtime.decisions import Assignment, Decision, TierMove, Warmup
+from maitred.runtime.model import Phase, Tier
+from maitred.runtime.state import View
+
+
+class Policy(Protocol):
+    name: str
+
+    def step(self, view: View) -> Decision: ...
+
+
+def final_tiers(view: View, moves: Iterable[TierMove], assignments: Iterable[Assignment]) -> dict[str, Tier]:
+    tiers = {pid: p.tier for pid, p in view.programs.items()}
+    for m in moves:
+        if not m.lazy:
+            tiers[m.program_id] = m.dst
+    for a in assignments:
+        tiers[a.program_id] = Tier.GPU
+    return tiers
+
+
+def priorities(view: View, tiers: Mapping[str, Tier]) -> dict[str, int]:
+    """SGLang request priority for ``--radix-eviction-policy priority`` (higher = evicted
+    later): GPU-tier programs above host-tier ones, and within a tier the less idle higher."""
+    base = {Tier.GPU: 100, Tier.CPU: 0, Tier.WAITING: -100}
+    return {pid: base[tiers[pid]] + 100 - round(100 * view.signals[pid].idleness) for pid in view.programs}
+
+
+def finish(
+    name: str, view: View, *, moves: Iterable[TierMove] = (), assignments: Iterable[Assignment] = (),
+    warmups: Iterable[Warmup] = (), admit_all: bool = False, dp_fallback: bool | None = None,
+) -> Decision:
+    """Assemble a decision: who may run now (GPU tier, or everyone for policies without
+    admission control) and who is held (wants the GPU but is not admitted)."""
+    moves, assignments = tuple(moves), tuple(assignments)
+    tiers = final_tiers(view, moves, assignments)
+    homed = {pid for pid, p in view.programs.items() if p.home_worker is not None} | {a.program_id for a in assignments}
+    if admit_all:
+        admitted = frozenset(homed)
+    else:
+        admitted = frozenset(pid for pid in homed if tiers[pid] is Tier.GPU)
+    wanting = {pid for pid, p in view.programs.items() if p.phase is Phase.REASONING}
+    return Decision(
+        policy=name, tier_moves=moves, assignments=assignments, admitted=admitted,
+        held=frozenset(wanting - admitted), warmups=tuple(warmups), priorities=priorities(view, tiers),
+        dp_fallback=dp_fallback,
+    )

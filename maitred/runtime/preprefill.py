@@ -1,0 +1,69 @@
+"""Pre-prefill planning (LOCAL + TAO): compute a prompt's KV before the request arrives.
+
+Proposals come from (a) handoffs whose consumer has not asked yet — its predicted prompt is the
+consumer agent's prefix plus the shared messages — and (b) programs about to return (r = 1)
+whose KV is not on their worker's GPU: a load back from host memory, or a recompute. A worker
+admits warmups only while no foreground request is queued on it, with free KV beyond a reserve,
+and fewer than a cap already in flight; the best Π go first.
+"""
+
+from maitred.runtime.decisions import Assignment, Warmup
+from maitred.runtime.model import Phase, Tier
+from maitred.runtime.signals import cache_credit, preprefill_priority
+from maitred.runtime.state import View
+
+
+def propose(view: View, assignments: tuple[Assignment, ...]) -> list[Warmup]:
+    cfg = view.cfg
+    assigned = {a.program_id: a.worker for a in assignments}
+    versions = dict(view.adapter_versions)
+    proposals: list[Warmup] = []
+    for h in view.handoffs:
+        consumer = view.programs.get(h.program_id)
+        producer_home = consumer.home_worker if consumer else None
+        worker = assigned.get(h.program_id, producer_home)
+        if worker is None:
+            continue
+        prefix = h.expected_prompt_tokens if h.expected_prompt_tokens is not None else view.agent_prefix_tokens.get(h.to_agent, 0)
+        tokens = prefix + h.context_tokens
+        have = cache_credit(consumer, worker, view.now, cfg.credit_half_life_s, versions) if consumer else 0
+        missing = tokens - have
+        confidence = 1.0 if h.expected_prompt_tokens is not None else 0.5
+        priority = preprefill_priority(missing, consumers=h.consumers, confidence=confidence, heat=1.0, cfg=cfg)
+        if priority > 0:
+            proposals.append(Warmup(h.program_id, worker, tokens, "handoff", priority, h.to_agent))
+    for pid, p in view.programs.items():
+        if p.phase is Phase.REASONING or view.signals[pid].readiness.r != 1 or p.tier is Tier.GPU:
+            continue
+        worker = assigned.get(pid, p.home_worker)
+        if worker is None:
+            continue
+        kind = "load_back" if p.tier is Tier.CPU and worker == p.home_worker else "recompute"
+        confidence = 1.0 if p.returned else 0.7
+        priority = preprefill_priority(p.context_tokens, consumers=1, confidence=confidence, heat=1.0, cfg=cfg)
+        if priority > 0:
+            proposals.append(Warmup(pid, worker, p.context_tokens, kind, priority, p.agent))
+    return proposals
+
+
+def admit(view: View, proposals: list[Warmup], gpu_free: dict[str, int]) -> tuple[Warmup, ...]:
+    cfg = view.cfg
+    free = dict(gpu_free)
+    in_flight = {w.worker_id: w.warmups_in_flight for w in view.workers.values()}
+    for w in view.workers.values():
+        if w.used_tokens is not None and w.worker_id in free:
+            free[w.worker_id] = min(free[w.worker_id], w.gpu_tokens - w.used_tokens)
+    admitted, seen = [], set()
+    for warmup in sorted(proposals, key=lambda x: -x.priority):
+        worker = view.workers.get(warmup.worker)
+        if worker is None or not worker.healthy or worker.queued_requests > 0 or warmup.program_id in seen:
+            continue
+        if in_flight[warmup.worker] >= cfg.max_warmups_in_flight:
+            continue
+        if free.get(warmup.worker, 0) - warmup.tokens < cfg.warmup_reserve_tokens:
+            continue
+        admitted.append(warmup)
+        seen.add(warmup.program_id)
+        in_flight[warmup.worker] += 1
+        free[warmup.worker] -= warmup.tokens
+    return tuple(admitted)

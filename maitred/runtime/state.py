@@ -1,0 +1,258 @@
+"""``RuntimeState``: the live picture of programs and workers, updated from events.
+
+A small state machine: ``apply(event)`` moves a program between phases and records what the
+signals need (phase time for idleness, the open tool call for readiness, residency for cache
+credit, pending handoffs for pre-prefill); ``apply_decision`` records what the scheduler did
+(tiers, homes). ``view(now)`` hands the policies a read-only snapshot with the signals computed
+once. Time comes from the events and from ``now`` arguments, never from a clock.
+"""
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from maitred.events import (
+    AdapterPublish, Event, Handoff, LLMEnd, LLMStart, ProgramEnd, ProgramResume, ProgramStart, ProgramWait,
+    ToolEnd, ToolProgress, ToolStart,
+)
+from maitred.runtime.decisions import Decision
+from maitred.runtime.history import PredictionLog, StatsRow, ToolHistory
+from maitred.runtime.model import (
+    OpenTool, PendingHandoff, Phase, ProgramState, Residency, SignalConfig, Tier, WorkerState,
+)
+from maitred.runtime.signals import Readiness, idleness, predict_end, readiness
+
+#: A handoff's messages are counted at roughly this many characters per token when no count is given.
+CHARS_PER_TOKEN = 4
+HANDOFF_TTL_S = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramSignals:
+    idleness: float
+    readiness: Readiness
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """What a policy sees: the state (read-only by contract) and the signals at ``now``."""
+
+    now: float
+    programs: Mapping[str, ProgramState]
+    workers: Mapping[str, WorkerState]
+    signals: Mapping[str, ProgramSignals]
+    adapter_versions: Mapping[str, str]
+    handoffs: tuple[PendingHandoff, ...]
+    agent_prefix_tokens: Mapping[str, int]
+    cfg: SignalConfig
+
+    def healthy_workers(self) -> list[WorkerState]:
+        return [w for w in self.workers.values() if w.healthy]
+
+
+class RuntimeState:
+    def __init__(self, workers: Iterable[WorkerState] = (), cfg: SignalConfig | None = None, *, use_signature: bool = True) -> None:
+        self.cfg = cfg or SignalConfig()
+        self.use_signature = use_signature
+        self.programs: dict[str, ProgramState] = {}
+        self.workers: dict[str, WorkerState] = {w.worker_id: w for w in workers}
+        self.history = ToolHistory()
+        self.predictions = PredictionLog()
+        self.adapter_versions: dict[str, str] = {}
+        self.handoffs: list[PendingHandoff] = []
+        self.agent_prefix_tokens: dict[str, int] = {}
+
+    # -- workers ------------------------------------------------------------------------------
+
+    def add_worker(self, worker: WorkerState) -> None:
+        self.workers[worker.worker_id] = worker
+
+    def set_worker_health(self, worker_id: str, healthy: bool) -> None:
+        """A worker that goes down loses its programs' KV: they become homeless and wait for
+        placement elsewhere (the gateway retries their requests; clients see no error)."""
+        worker = self.workers[worker_id]
+        worker.healthy = healthy
+        if healthy:
+            return
+        for p in self.programs.values():
+            if p.home_worker == worker_id:
+                p.home_worker, p.tier, p.lazy_demote = None, Tier.WAITING, False
+                p.residency = {k: v for k, v in p.residency.items() if k[0] != worker_id}
+
+    def seed_history(self, rows: Iterable[StatsRow], *, signatures: bool = False) -> None:
+        self.history.seed(rows, signatures=signatures)
+
+    # -- events -------------------------------------------------------------------------------
+
+    def program_for(self, event: Event) -> ProgramState:
+        p = self.programs.get(event.program_id)
+        if p is None:
+            p = self.programs[event.program_id] = ProgramState(event.program_id, agent=event.agent, phase_since=event.ts)
+        return p
+
+    def _enter(self, p: ProgramState, phase: Phase, ts: float) -> None:
+        """Close the time spent in the old phase; a new reasoning phase after acting starts a cycle."""
+        spent = max(ts - p.phase_since, 0.0)
+        if p.phase is Phase.REASONING:
+            p.open_reason_s += spent
+        else:
+            p.open_act_s += spent
+        if phase is Phase.REASONING and p.phase is not Phase.REASONING and p.open_reason_s + p.open_act_s > 0:
+            p.cycles.append((p.open_reason_s, p.open_act_s))
+            p.open_reason_s = p.open_act_s = 0.0
+        p.phase, p.phase_since = phase, max(ts, p.phase_since)
+
+    def apply(self, event: Event) -> None:
+        handler = _HANDLERS.get(type(event))
+        if handler is not None:
+            handler(self, event)
+
+    def _program_start(self, e: ProgramStart) -> None:
+        p = self.program_for(e)
+        p.agent = e.agent or p.agent
+        p.parent_program_id = e.parent_program_id
+
+    def _program_end(self, e: ProgramEnd) -> None:
+        self.programs.pop(e.program_id, None)
+        self.handoffs = [h for h in self.handoffs if h.program_id != e.program_id]
+
+    def _llm_start(self, e: LLMStart) -> None:
+        p = self.program_for(e)
+        if e.agent and e.agent != p.agent:
+            p.agent = e.agent
+        self._enter(p, Phase.REASONING, e.ts)
+        p.returned, p.tool = False, None
+        if e.prompt_tokens is not None:
+            p.context_tokens = e.prompt_tokens
+            self._learn_prefix(p, e.prompt_tokens)
+        if e.model:
+            p.model = e.model
+        self.handoffs = [h for h in self.handoffs if not (h.program_id == p.program_id and h.to_agent == p.agent)]
+
+    def _learn_prefix(self, p: ProgramState, prompt_tokens: int) -> None:
+        """An agent's first prompt is (mostly) its system prompt: the prefix a handoff to it shares."""
+        if p.agent and not p.cycles and p.agent not in self.agent_prefix_tokens:
+            self.agent_prefix_tokens[p.agent] = prompt_tokens
+
+    def _llm_end(self, e: LLMEnd) -> None:
+        p = self.program_for(e)
+        p.context_tokens = e.prompt_tokens + e.completion_tokens
+        if e.worker:
+            key = (e.worker, p.model, p.adapter, p.adapter_version)
+            p.residency[key] = Residency(p.context_tokens, e.ts)
+        if p.phase is Phase.REASONING:
+            self._enter(p, Phase.ACTING, e.ts)
+
+    def _tool_start(self, e: ToolStart) -> None:
+        p = self.program_for(e)
+        self._enter(p, Phase.ACTING, e.ts)
+        p.tool = OpenTool(e.call_id, e.tool, e.signature, e.ts, e.deadline_s)
+        p.returned = False
+
+    def _tool_progress(self, e: ToolProgress) -> None:
+        p = self.programs.get(e.program_id)
+        if p is not None and p.tool is not None and p.tool.call_id == e.call_id and e.eta_s is not None:
+            p.tool.eta_s, p.tool.eta_at = e.eta_s, e.ts
+
+    def _tool_end(self, e: ToolEnd) -> None:
+        p = self.programs.get(e.program_id)
+        if p is None or p.tool is None or p.tool.call_id != e.call_id:
+            return
+        tool = p.tool
+        end_ts = e.ts
+        duration = e.duration_s if e.duration_s is not None else end_ts - tool.started
+        predicted, _, _ = predict_end(tool, self.history, end_ts, self.cfg, use_signature=self.use_signature)
+        if predicted is not None:
+            self.predictions.record(predicted, tool.started + duration)
+        self.history.record(tool.tool, tool.signature, duration)
+        tool.ended_at = end_ts
+        p.returned = True
+
+    def _handoff(self, e: Handoff) -> None:
+        tokens = e.context_tokens
+        if tokens is None and e.messages:
+            tokens = sum(len(str(m.get("content", ""))) for m in e.messages) // CHARS_PER_TOKEN
+        expected = len(e.expected_prompt) // CHARS_PER_TOKEN if e.expected_prompt else None
+        target = e.child_program_id or e.program_id
+        for h in self.handoffs:
+            if h.program_id == target and h.to_agent == e.to_agent:
+                h.consumers += 1
+                return
+        self.handoffs.append(PendingHandoff(target, e.to_agent, tokens or 0, e.ts, expected))
+        self.handoffs = [h for h in self.handoffs if e.ts - h.ts <= HANDOFF_TTL_S]
+
+    def _wait(self, e: ProgramWait) -> None:
+        p = self.program_for(e)
+        self._enter(p, Phase.WAITING_HUMAN, e.ts)
+        p.returned = False
+
+    def _resume(self, e: ProgramResume) -> None:
+        p = self.program_for(e)
+        self._enter(p, Phase.ACTING, e.ts)
+        p.returned = True
+
+    def _adapter_publish(self, e: AdapterPublish) -> None:
+        self.adapter_versions[e.adapter] = e.version
+        for p in self.programs.values():
+            if p.adapter == e.adapter:
+                p.adapter_version = e.version
+
+    # -- gateway-side facts -------------------------------------------------------------------
+
+    def request_arrived(self, program_id: str, ts: float, *, agent: str | None = None, model: str | None = None,
+                        adapter: str | None = None, prompt_tokens: int | None = None) -> ProgramState:
+        """A model request reached the gateway: from now on the program wants the GPU (time held
+        in the gateway counts as reasoning)."""
+        self.apply(LLMStart(ts=ts, program_id=program_id, agent=agent, request_id="gateway", model=model,
+                            prompt_tokens=prompt_tokens))
+        p = self.programs[program_id]
+        if adapter is not None:
+            p.adapter = adapter
+            p.adapter_version = self.adapter_versions.get(adapter)
+        return p
+
+    # -- decisions ----------------------------------------------------------------------------
+
+    def apply_decision(self, decision: Decision) -> None:
+        for move in decision.tier_moves:
+            p = self.programs.get(move.program_id)
+            if p is None:
+                continue
+            if move.lazy:
+                p.lazy_demote = True
+            else:
+                p.tier, p.lazy_demote = move.dst, False
+        for a in decision.assignments:
+            p = self.programs.get(a.program_id)
+            if p is not None:
+                p.home_worker, p.tier, p.lazy_demote = a.worker, Tier.GPU, False
+
+    # -- snapshot -----------------------------------------------------------------------------
+
+    def signals(self, now: float) -> dict[str, ProgramSignals]:
+        k = self.cfg.idleness_cycles
+        return {
+            pid: ProgramSignals(idleness(p, now, k), readiness(p, self.history, now, self.cfg, use_signature=self.use_signature))
+            for pid, p in self.programs.items()
+        }
+
+    def view(self, now: float) -> View:
+        return View(
+            now=now, programs=self.programs, workers=self.workers, signals=self.signals(now),
+            adapter_versions=self.adapter_versions, handoffs=tuple(self.handoffs),
+            agent_prefix_tokens=self.agent_prefix_tokens, cfg=self.cfg,
+        )
+
+
+_HANDLERS = {
+    ProgramStart: RuntimeState._program_start,
+    ProgramEnd: RuntimeState._program_end,
+    LLMStart: RuntimeState._llm_start,
+    LLMEnd: RuntimeState._llm_end,
+    ToolStart: RuntimeState._tool_start,
+    ToolProgress: RuntimeState._tool_progress,
+    ToolEnd: RuntimeState._tool_end,
+    Handoff: RuntimeState._handoff,
+    ProgramWait: RuntimeState._wait,
+    ProgramResume: RuntimeState._resume,
+    AdapterPublish: RuntimeState._adapter_publish,
+}
