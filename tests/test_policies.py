@@ -1,0 +1,206 @@
+"""Tiering invariants (hypothesis) and a worked example per paper mechanism."""
+
+import copy
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from maitred.events import Handoff, LLMEnd, LLMStart
+from maitred.runtime import POLICIES, Phase, Scheduler, SignalConfig, Tier, make_policy
+from maitred.runtime.model import WorkerState
+from maitred.runtime.tiering import plan_tiers
+from tests.runtime_helpers import NOW, program, state
+
+RESERVE = SignalConfig().reserve_tokens
+
+
+def used(st, worker, tier, decision=None):
+    lazy = {m.program_id for m in decision.tier_moves if m.lazy} if decision else set()
+    return sum(p.context_tokens + RESERVE for p in st.programs.values()
+               if p.home_worker == worker and p.tier is tier and p.program_id not in lazy)
+
+
+@st.composite
+def tiered_states(draw):
+    workers = [(f"w{i}", draw(st.integers(2_000, 30_000)), draw(st.integers(0, 30_000))) for i in range(draw(st.integers(1, 3)))]
+    programs = []
+    for j in range(draw(st.integers(0, 12))):
+        phase = draw(st.sampled_from(list(Phase)))
+        programs.append(program(
+            f"p{j}", tokens=draw(st.integers(0, 9_000)), phase=phase,
+            home=draw(st.sampled_from([w for w, _, _ in workers])), tier=draw(st.sampled_from(list(Tier))),
+            cycles=[(draw(st.floats(0.1, 30)), draw(st.floats(0, 60)))], returned=draw(st.booleans()) and phase is Phase.ACTING,
+        ))
+    return workers, programs
+
+
+@settings(max_examples=200, deadline=None)
+@given(tiered_states())
+@pytest.mark.parametrize("policy", ["mori", "maitred"])
+def test_tiering_never_leaves_a_tier_over_capacity(policy, case):
+    """After a step, GPU use (not counting programs marked for lazy demotion, which leave when
+    their step ends) and host use are within capacity on every worker."""
+    workers, programs = case
+    st_ = state(workers, programs)
+    decision = Scheduler(st_, policy).tick(NOW)
+    for worker, gpu, cpu in workers:
+        assert used(st_, worker, Tier.GPU, decision) <= gpu
+        assert used(st_, worker, Tier.CPU) <= cpu
+
+
+@settings(max_examples=200, deadline=None)
+@given(tiered_states())
+def test_tiering_moves_nothing_down_while_capacities_hold(case):
+    workers, programs = case
+    st_ = state(workers, programs)
+    caps = {w: (g, c) for w, g, c in workers}
+    holds = all(used(st_, w, Tier.GPU) <= g and used(st_, w, Tier.CPU) <= c for w, (g, c) in caps.items())
+    plan = plan_tiers(st_.view(NOW), promote_waiting=True)
+    if holds:
+        order = [Tier.WAITING, Tier.CPU, Tier.GPU]
+        assert all(order.index(m.dst) > order.index(m.src) for m in plan.moves)  # promotions only
+        promoted = {m.program_id for m in plan.moves}
+        assert all(st_.programs[pid].returned or st_.programs[pid].phase is not Phase.ACTING
+                   or st_.view(NOW).signals[pid].readiness.r == 1 for pid in promoted)
+
+
+def test_gpu_over_capacity_demotes_the_most_idle_acting_program():
+    """w0 holds 3 programs of 3,488 (+512) tokens = 12,000 in a 10,000-token GPU tier. a is acting
+    with ι = 0.9, b acting with ι = 0.5, c reasoning with ι = 0.95: a (the most idle *acting*
+    program) goes to host memory; c is mid-step and stays."""
+    a = program("a", tokens=3_488, home="w0", tier=Tier.GPU, cycles=[(1, 9)] * 3)
+    b = program("b", tokens=3_488, home="w0", tier=Tier.GPU, cycles=[(5, 5)] * 3)
+    c = program("c", tokens=3_488, phase=Phase.REASONING, home="w0", tier=Tier.GPU, cycles=[(0.5, 9.5)] * 3)
+    for p in (a, b, c):
+        p.phase_since = NOW
+    st_ = state([("w0", 10_000, 20_000)], [a, b, c])
+    decision = Scheduler(st_, "maitred").tick(NOW)
+    assert [(m.program_id, m.dst, m.lazy) for m in decision.tier_moves] == [("a", Tier.CPU, False)]
+    assert st_.programs["a"].tier is Tier.CPU and "a" not in decision.admitted
+
+
+def test_all_reasoning_marks_the_most_idle_for_lazy_demotion_then_moves_it_after_its_step():
+    a = program("a", tokens=5_488, phase=Phase.REASONING, home="w0", tier=Tier.GPU, cycles=[(1, 9)] * 3)
+    b = program("b", tokens=5_488, phase=Phase.REASONING, home="w0", tier=Tier.GPU, cycles=[(5, 5)] * 3)
+    st_ = state([("w0", 10_000, 20_000)], [a, b])
+    sched = Scheduler(st_, "maitred")
+    decision = sched.tick(NOW)
+    assert [(m.program_id, m.lazy) for m in decision.tier_moves] == [("a", True)]
+    assert st_.programs["a"].tier is Tier.GPU and st_.programs["a"].lazy_demote
+    st_.apply(LLMEnd(ts=NOW + 1, program_id="a", request_id="r", prompt_tokens=5_400, completion_tokens=88))
+    decision = sched.tick(NOW + 1)
+    assert [(m.program_id, m.dst, m.lazy) for m in decision.tier_moves] == [("a", Tier.CPU, False)]
+
+
+def test_host_over_capacity_drops_the_most_idle_to_waiting():
+    a = program("a", tokens=4_000, home="w0", tier=Tier.CPU, cycles=[(1, 99)])
+    b = program("b", tokens=4_000, home="w0", tier=Tier.CPU, cycles=[(5, 5)])
+    st_ = state([("w0", 10_000, 6_000)], [a, b])
+    decision = Scheduler(st_, "mori").tick(NOW)
+    assert ("a", Tier.WAITING) in [(m.program_id, m.dst) for m in decision.tier_moves]
+    assert st_.programs["b"].tier is Tier.CPU
+
+
+def test_promotion_brings_back_returned_programs_least_idle_first_then_ready_ones():
+    """6,000 free GPU tokens on w0 and three host-tier programs of 2,488 (+512) tokens: r returned
+    with ι = 0.2, s returned with ι = 0.8, t still in its tool but predicted back (r = 1 by ETA).
+    Room for two: r, then s; t waits."""
+    r = program("r", tokens=2_488, home="w0", tier=Tier.CPU, returned=True, cycles=[(8, 2)])
+    s = program("s", tokens=2_488, home="w0", tier=Tier.CPU, returned=True, cycles=[(2, 8)])
+    t = program("t", tokens=2_488, home="w0", tier=Tier.CPU, cycles=[(9, 1)])
+    t.tool.eta_s, t.tool.eta_at = 0.2, NOW
+    for p in (r, s, t):
+        p.phase_since = NOW
+    st_ = state([("w0", 6_000, 20_000)], [r, s, t])
+    decision = Scheduler(st_, "mori").tick(NOW)
+    assert [(m.program_id, m.dst) for m in decision.tier_moves] == [("r", Tier.GPU), ("s", Tier.GPU)]
+    assert st_.programs["t"].tier is Tier.CPU
+
+
+def test_demoted_program_comes_back_to_its_home_worker():
+    p = program("p", tokens=3_000, home="w1", tier=Tier.CPU, returned=True)
+    st_ = state([("w0", 50_000, 50_000), ("w1", 10_000, 50_000)], [p])
+    Scheduler(st_, "maitred").tick(NOW)
+    assert (st_.programs["p"].home_worker, st_.programs["p"].tier) == ("w1", Tier.GPU)
+
+
+def test_thunderagent_pauses_acting_programs_smallest_first_and_resumes_by_bfd():
+    small = program("small", tokens=1_488, home="w0", tier=Tier.GPU)
+    big = program("big", tokens=3_988, home="w0", tier=Tier.GPU)
+    busy = program("busy", tokens=4_488, phase=Phase.REASONING, home="w0", tier=Tier.GPU)
+    st_ = state([("w0", 10_000, 0)], [small, big, busy])
+    decision = Scheduler(st_, "thunderagent").tick(NOW)
+    assert [m.program_id for m in decision.tier_moves] == ["small"]  # 11,500 > 10,000: the smallest acting one goes
+    st_.programs["small"].returned = True
+    st_.programs["small"].tool = None
+    st_.add_worker(WorkerState("w1", gpu_tokens=20_000))
+    decision = Scheduler(st_, "thunderagent").tick(NOW + 1)
+    assert [(a.program_id, a.worker) for a in decision.assignments] == [("small", "w1")]
+
+
+def test_handoff_consumer_is_prefilled_on_an_idle_worker_and_not_on_a_busy_one():
+    """planner hands off to coder with 3,000 tokens of shared messages; the coder agent's prompt
+    prefix was learned as 1,200 tokens, so the warmup is 4,200 tokens (LOCAL), admitted only
+    while w0 has no queued foreground request."""
+    st_ = state([("w0", 100_000, 0)], [])
+    st_.request_arrived("other", NOW - 50, agent="coder", prompt_tokens=1_200)
+    st_.request_arrived("p", NOW - 10, agent="planner", prompt_tokens=2_000)
+    st_.apply(LLMEnd(ts=NOW - 5, program_id="p", request_id="r", prompt_tokens=2_000, completion_tokens=50, worker="w0"))
+    sched = Scheduler(st_, "maitred")
+    sched.tick(NOW - 5)
+    st_.apply(Handoff(ts=NOW, program_id="p", agent="planner", from_agent="planner", to_agent="coder", context_tokens=3_000))
+    decision = sched.tick(NOW)
+    assert [(w.program_id, w.worker, w.tokens, w.kind) for w in decision.warmups] == [("p", "w0", 4_200, "handoff")]
+    st_.workers["w0"].queued_requests = 3
+    assert sched.tick(NOW + 1).warmups == ()
+    st_.workers["w0"].queued_requests = 0
+    st_.apply(LLMStart(ts=NOW + 2, program_id="p", agent="coder", request_id="r2", prompt_tokens=4_300))
+    assert [w.kind for w in sched.tick(NOW + 2).warmups] == []  # the real request overtook it
+
+
+def test_program_about_to_return_from_host_memory_is_loaded_back_ahead_of_its_request():
+    p = program("p", tokens=8_000, home="w0", tier=Tier.CPU, returned=True)
+    st_ = state([("w0", 100_000, 100_000)], [p])
+    decision = Scheduler(st_, "maitred").tick(NOW)
+    assert [(w.program_id, w.kind, w.tokens) for w in decision.warmups] == [("p", "load_back", 8_000)]
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_a_policy_step_never_mutates_the_state_it_reads(name):
+    programs = [
+        program("a", tokens=5_000, home="w0", tier=Tier.GPU, cycles=[(1, 4)]),
+        program("b", tokens=7_000, phase=Phase.REASONING, cycles=[(2, 2)]),
+        program("c", tokens=3_000, home="w1", tier=Tier.CPU, returned=True),
+    ]
+    st_ = state([("w0", 8_000, 8_000), ("w1", 8_000, 8_000)], programs)
+    before = copy.deepcopy(st_.programs)
+    view = st_.view(NOW)
+    make_policy(name).step(view)
+    assert st_.programs == before
+
+
+def test_a_failing_policy_degrades_to_plain_routing():
+    class Broken:
+        name = "broken"
+
+        def step(self, view):
+            raise RuntimeError("bug")
+
+    st_ = state([("w0", 8_000, 0)], [program("a", phase=Phase.REASONING)])
+    sched = Scheduler(st_, Broken())
+    decision = sched.tick(NOW)
+    assert decision.policy == "round_robin" and "a" in decision.admitted and sched.failures == 1
+
+
+def test_unknown_policy_name_lists_the_known_ones():
+    with pytest.raises(ValueError, match="choose one of: maitred, mori, tao"):
+        make_policy("fifo")
+
+
+def test_dead_worker_programs_are_replaced_elsewhere():
+    p = program("p", tokens=2_000, phase=Phase.REASONING, home="w0", tier=Tier.GPU, cached_on={"w0": (2_000, 1)})
+    st_ = state([("w0", 10_000, 0), ("w1", 10_000, 0)], [p])
+    st_.set_worker_health("w0", False)
+    decision = Scheduler(st_, "maitred").tick(NOW)
+    assert [(a.program_id, a.worker, a.reason) for a in decision.assignments] == [("p", "w1", "new")]
