@@ -7,7 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from maitred.runtime import Phase, Scheduler, Tier
-from maitred.runtime.placement import Item, applicable_prefix, objective, place, signature, solve_bfd, solve_dp
+from maitred.runtime.placement import (
+    Item, applicable_prefix, objective, place, plan_items, signature, solve_bfd, solve_dp,
+)
 from tests.runtime_helpers import NOW, program, state
 
 QUANTA = 16
@@ -74,6 +76,17 @@ def test_dp_equals_brute_force_never_loses_to_bfd_and_never_overfills(instance):
     assert feasible(items, caps, plan)              # hence on the real ones too
     assert objective(items, plan) == brute_force(d_items, d_caps)
     assert objective(items, plan) >= objective(d_items, solve_bfd(d_items, d_caps))
+
+
+@settings(max_examples=100, deadline=None)
+@given(instances(), st.integers(1, 400))
+def test_budgeted_plan_is_feasible_and_exact_when_the_budget_allows(instance, budget):
+    items, caps = instance
+    plan, partial = plan_items(items, caps, QUANTA, budget)
+    assert feasible(items, caps, plan)
+    if not partial:
+        d_items, d_caps = discretised(items, caps)
+        assert objective(items, plan) == brute_force(d_items, d_caps)
 
 
 def test_state_budget_exceeded_returns_none_for_bfd_to_take_over():

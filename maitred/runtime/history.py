@@ -6,12 +6,15 @@ call. A bounded window of recent durations is kept beside them for the one quest
 cannot answer: "how long do calls that have already run for e seconds usually take?"
 """
 
+import functools
 import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Protocol
+
+import numpy as np
 
 RECENT = 256
 
@@ -27,6 +30,7 @@ class StatsRow(Protocol):
     max_s: float
 
 
+@functools.lru_cache(maxsize=4096)
 def t_quantile(confidence: float, dof: int) -> float:
     """Student-t quantile by the Cornish-Fisher expansion around the normal one; within 1% of
     the exact value for dof >= 4, which is all the history rules ever ask for (n >= 5)."""
@@ -43,8 +47,11 @@ class DurationStats:
     lo: float = math.inf
     hi: float = -math.inf
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
+    # Sorted recent durations with running sums, built on demand: a suffix query in O(log n).
+    _sorted: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     def add(self, duration: float) -> None:
+        self._sorted = None
         self.n += 1
         delta = duration - self.mean
         self.mean += delta / self.n
@@ -69,14 +76,20 @@ class DurationStats:
         return min(max(bound, self.lo), self.hi)
 
     def longer_than(self, elapsed: float) -> "DurationStats | None":
-        """The recent calls that ran longer than ``elapsed`` (None when there are none)."""
-        longer = [d for d in self.recent if d > elapsed]
-        if not longer:
+        """Moments of the recent calls that ran longer than ``elapsed`` (None when there are none)."""
+        if self._sorted is None:
+            ordered = np.sort(np.fromiter(self.recent, dtype=float))
+            # Suffix sums (ordered[i:].sum()) of values and squares; index len is the empty suffix.
+            self._sorted = (ordered, np.append(np.cumsum(ordered[::-1])[::-1], 0.0),
+                            np.append(np.cumsum((ordered**2)[::-1])[::-1], 0.0))
+        ordered, sums, squares = self._sorted
+        i = int(np.searchsorted(ordered, elapsed, side="right"))
+        n = len(ordered) - i
+        if n == 0:
             return None
-        out = DurationStats()
-        for d in longer:
-            out.add(d)
-        return out
+        mean = sums[i] / n
+        return DurationStats(n=n, mean=float(mean), m2=float(max(squares[i] - n * mean * mean, 0.0)),
+                             lo=float(ordered[i]), hi=float(ordered[-1]))
 
 
 @dataclass(frozen=True, slots=True)

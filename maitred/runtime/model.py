@@ -112,7 +112,7 @@ class SignalConfig:
     credit_half_life_s: float = 10.0  # TAO: cache credit half-life
     reserve_tokens: int = 512         # TAO: admission reserve per program
     dp_quanta: int = 64               # capacity quanta per worker in the DP
-    dp_state_budget: int = 50_000     # DP states before falling back to BFD
+    dp_state_budget: int = 20_000     # DP states (all layers) before falling back to BFD
     warmup_reserve_tokens: int = 4096  # free KV a worker must keep beyond a warmup
     max_warmups_in_flight: int = 2    # per worker
     preprefill_beta: float = 0.5      # LOCAL: consumer-count weight

@@ -6,7 +6,8 @@ subject to each worker's free GPU tokens and one worker per program. That is a m
 knapsack; ``solve_dp`` solves it exactly over capacities discretised by a quantum (weights
 rounded up, capacities down, so a DP plan is always feasible), vectorised with numpy: each
 layer holds every reachable vector of used quanta with its best value. Past a state budget it
-gives up and ``solve_bfd`` (best-fit decreasing) decides instead.
+gives up and ``solve_bfd`` (best-fit decreasing) decides instead. The budget counts every state
+the DP creates, so the worst case is bounded: a step never spends more than that on placement.
 """
 
 import math
@@ -33,10 +34,11 @@ class Item:
 
 def solve_dp(items: list[Item], capacities: list[int], *, quanta: int, state_budget: int) -> list[int | None] | None:
     """Exact lexicographic optimum over the discretised capacities: the worker index chosen
-    for each item (None: not placed), or None when the state budget was exceeded."""
+    for each item (None: not placed), or None when the states created exceed ``state_budget``."""
     m = len(capacities)
     if not items or m == 0:
         return [None] * len(items)
+    spent = 0
     quantum = max(1, math.ceil(max(capacities) / quanta)) if max(capacities) > 0 else 1
     cap = np.array([max(c, 0) // quantum for c in capacities], dtype=np.int64)
     radix = np.cumprod(np.concatenate(([1], cap[:-1] + 1))).astype(np.int64)
@@ -67,7 +69,8 @@ def solve_dp(items: list[Item], capacities: list[int], *, quanta: int, state_bud
         first = np.ones(len(order), dtype=bool)
         first[1:] = keys[order][1:] != keys[order][:-1]
         keep = order[first]
-        if len(keep) > state_budget:
+        spent += len(keep)
+        if spent > state_budget:
             return None
         used, value = all_used[keep], all_value[keep]
         layers.append((all_parent[keep], all_choice[keep]))
@@ -95,6 +98,34 @@ def solve_bfd(items: list[Item], capacities: list[int]) -> list[int | None]:
     return plan
 
 
+def plan_items(items: list[Item], capacities: list[int], quanta: int, state_budget: int) -> tuple[list[int | None], bool]:
+    """The exact DP over as many of the most valuable candidates as the state budget can
+    guarantee to hold (the product of their choices bounds the states), then BFD for the rest
+    in what capacity is left. Returns the plan and whether any candidate was left to BFD."""
+    order = sorted(range(len(items)), key=lambda j: max((v for v in items[j].values if v is not None), default=(-1, -1, -1)), reverse=True)
+    head, layer, spent = [], 1, 0
+    for j in order:
+        choices = 1 + sum(v is not None for v in items[j].values)
+        if spent + layer * choices > state_budget:
+            break
+        layer *= choices
+        spent += layer
+        head.append(j)
+    head_plan = solve_dp([items[j] for j in head], capacities, quanta=quanta, state_budget=state_budget)
+    assert head_plan is not None, "the head was sized to fit the budget"
+    plan: list[int | None] = [None] * len(items)
+    free = list(capacities)
+    for j, b in zip(head, head_plan):
+        plan[j] = b
+        if b is not None:
+            free[b] -= items[j].weight
+    in_head = set(head)
+    tail = [j for j in order if j not in in_head]
+    for j, b in zip(tail, solve_bfd([items[j] for j in tail], free)):
+        plan[j] = b
+    return plan, bool(tail)
+
+
 def objective(items: list[Item], plan: list[int | None]) -> Value:
     total = [0, 0, 0]
     for item, b in zip(items, plan):
@@ -118,8 +149,7 @@ class Placement:
     fallback: bool
 
 
-def place(view: View, candidates: list[ProgramState], free: dict[str, int], *, use_dp: bool = True,
-          reason: dict[str, str] | None = None) -> Placement:
+def place(view: View, candidates: list[ProgramState], free: dict[str, int], *, reason: dict[str, str] | None = None) -> Placement:
     """Choose workers for ``candidates`` within ``free`` GPU tokens per worker."""
     worker_ids = [w for w in free if view.workers[w].healthy]
     capacities = [max(free[w], 0) for w in worker_ids]
@@ -134,10 +164,7 @@ def place(view: View, candidates: list[ProgramState], free: dict[str, int], *, u
             for w, cap in zip(worker_ids, capacities)
         )
         items.append(Item(p.program_id, weight, values))
-    plan = solve_dp(items, capacities, quanta=cfg.dp_quanta, state_budget=cfg.dp_state_budget) if use_dp else None
-    fallback = use_dp and plan is None
-    if plan is None:
-        plan = solve_bfd(items, capacities)
+    plan, fallback = plan_items(items, capacities, cfg.dp_quanta, cfg.dp_state_budget)
     by_id = {p.program_id: p for p in candidates}
     # Highest value first, so that applying a prefix of the plan keeps the most valuable part.
     chosen = sorted(((items[j], b) for j, b in enumerate(plan) if b is not None), key=lambda ib: ib[0].values[ib[1]], reverse=True)
