@@ -23,7 +23,7 @@ class Maitred:
 
     def step(self, view: View) -> Decision:
         tiers = plan_tiers(view, promote_waiting=False)
-        free = tiers.gpu_free(view)
+        free = tiers.gpu_free()
         candidates, reason = candidates_for_placement(view, tiers.tiers, free)
         placement = place(view, candidates, free, reason=reason)
         warmups = ()

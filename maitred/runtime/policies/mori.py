@@ -16,7 +16,7 @@ class Mori:
 
     def step(self, view: View) -> Decision:
         plan = plan_tiers(view, promote_waiting=True)
-        free = plan.gpu_free(view)
+        free = plan.gpu_free()
         homeless = [p for p in view.programs.values() if p.home_worker not in free and wants_gpu(p, view)]
         workers = list(free)
         reserve = view.cfg.reserve_tokens

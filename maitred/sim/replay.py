@@ -1,0 +1,368 @@
+"""Closed-loop replay: C program slots replay a trace against simulated workers under one policy.
+
+Each slot runs programs back to back (the trace's programs in a seeded order, cycling) for the
+simulated duration. A program's model calls go through the same ``RuntimeState`` and
+``Scheduler`` the live runtime uses — the events are the same events — and the decisions are
+applied to the engine model: routing, admission (held requests wait for the next step, and are
+forced through after ``hold_timeout_s`` like ThunderAgent's force-resume), tier moves,
+eviction priorities and warmups. Tool calls take their traced durations; model calls take what
+the engine model says. Deterministic for a seed.
+"""
+
+import heapq
+import itertools
+import math
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from maitred.events import Handoff, LLMEnd, ProgramEnd, ProgramResume, ProgramStart, ProgramWait, ToolEnd, ToolProgress, ToolStart
+from maitred.runtime import RuntimeState, Scheduler, SignalConfig, Tier, WorkerState
+from maitred.runtime.decisions import Decision
+from maitred.sim.engine import Request, Worker
+from maitred.sim.profile import EngineProfile
+from maitred.sim.traces import ProgramTrace, Trace
+
+UNLIMITED_TOKENS = 10**12
+#: MORI's inverted order on the host side: dropped programs go first, then the host copies of
+#: GPU-tier programs (they are on the GPU anyway), and the host tier's own programs last.
+HOST_RANK = {Tier.WAITING: 0, Tier.GPU: 1, Tier.CPU: 2}
+
+
+@dataclass(frozen=True, slots=True)
+class SimPolicy:
+    """How a simulator policy maps onto a runtime policy and the engine's own behaviour."""
+
+    runtime: str
+    offload: bool = False        # the engine keeps evicted KV in host memory (HiCache)
+    typed: bool = False          # eviction follows the scheduler's priorities
+    tiering: bool = False        # promotions load KV back from host memory ahead of the request
+    oracle: bool = False         # the runtime is told each tool's true duration
+
+
+SIM_POLICIES: dict[str, SimPolicy] = {
+    "round_robin": SimPolicy("round_robin"),
+    "cache_aware": SimPolicy("cache_aware"),
+    "thunderagent": SimPolicy("thunderagent"),
+    "thunderagent_offload": SimPolicy("thunderagent", offload=True),
+    "tao": SimPolicy("tao"),
+    "mori": SimPolicy("mori", offload=True, typed=True, tiering=True),
+    "maitred": SimPolicy("maitred", offload=True, typed=True, tiering=True),
+    "oracle": SimPolicy("maitred", offload=True, typed=True, tiering=True, oracle=True),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    policy: str
+    concurrency: int
+    cpu_ratio: float = 1.0
+    duration_s: float = 3600.0
+    seed: int = 0
+    workers: int = 1
+    gpu_tokens: int | None = None   # per worker; None: the profile's
+    period_s: float = 1.0
+    hold_timeout_s: float = 60.0
+    stagger_s: float = 30.0         # slots start spread over this window
+
+    def __post_init__(self) -> None:
+        if self.policy not in SIM_POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose from: {', '.join(SIM_POLICIES)}")
+        if self.concurrency < 1 or self.workers < 1:
+            raise ValueError("concurrency and workers must be at least 1")
+        if self.cpu_ratio < 0 or self.duration_s <= 0 or self.period_s <= 0:
+            raise ValueError("cpu_ratio must be >= 0; duration_s and period_s positive")
+
+
+@dataclass
+class RunResult:
+    policy: str
+    concurrency: int
+    cpu_ratio: float
+    throughput_tok_s: float
+    ttft_mean_s: float
+    ttft_p95_s: float
+    latency_mean_s: float | None
+    latency_p95_s: float | None
+    prefix_hit_rate: float
+    recomputed_tokens: int
+    transfer_bytes: int
+    tier_moves: int
+    requests: int
+    programs_completed: int
+    warmups: int
+    dp_fallback_share: float | None
+    prediction_mae_s: float | None
+    prediction_within_half_s: float | None
+    gpu_tokens: int
+    workers: int
+    duration_s: float
+    seed: int
+    unlimited: bool = False
+
+
+@dataclass(slots=True)
+class _Running:
+    pid: str
+    trace: ProgramTrace
+    slot: int
+    started: float
+    step: int = 0
+    tool: int = 0
+    call_seq: int = 0
+
+
+@dataclass
+class Replay:
+    trace: Trace
+    cfg: RunConfig
+    profile: EngineProfile = field(default_factory=EngineProfile)
+    unlimited: bool = False
+
+    def __post_init__(self) -> None:
+        cfg, profile = self.cfg, self.profile
+        self.sim = SIM_POLICIES[cfg.policy]
+        self.rng = random.Random(cfg.seed)
+        gpu = UNLIMITED_TOKENS if self.unlimited else (cfg.gpu_tokens or profile.gpu_kv_tokens)
+        host = int(gpu * cfg.cpu_ratio) if self.sim.offload else 0
+        self.gpu_tokens = gpu
+        self.workers = {
+            f"w{i}": Worker(f"w{i}", profile, gpu, host, offload=self.sim.offload, typed_eviction=self.sim.typed)
+            for i in range(cfg.workers)
+        }
+        self.state = RuntimeState(
+            [WorkerState(w, gpu_tokens=gpu, cpu_tokens=host) for w in self.workers],
+            SignalConfig(period_s=cfg.period_s),
+        )
+        self.scheduler = Scheduler(self.state, self.sim.runtime)
+        self.heap: list[tuple[float, int, str, object]] = []
+        self.seq = itertools.count()
+        self.versions = dict.fromkeys(self.workers, 0)
+        self.running: dict[str, _Running] = {}
+        self.held: dict[str, Request] = {}
+        self.admitted: frozenset[str] = frozenset()
+        self.order = list(range(len(self.trace.programs)))
+        self.rng.shuffle(self.order)
+        self.next_program = 0
+        self.instances = itertools.count()
+        self.ttft: list[float] = []
+        self.latency: list[float] = []
+        self.output_tokens = 0
+        self.requests = 0
+        self.tier_moves = 0
+        self.urgent_tick_at: float | None = None
+
+    # -- event queue ----------------------------------------------------------------------------
+
+    def _push(self, t: float, kind: str, data: object) -> None:
+        heapq.heappush(self.heap, (t, next(self.seq), kind, data))
+
+    def _reschedule(self, wid: str) -> None:
+        self.versions[wid] += 1
+        nxt = self.workers[wid].next_event_time()
+        if nxt is not None:
+            self._push(nxt, "engine", (wid, self.versions[wid]))
+
+    def run(self) -> RunResult:
+        for slot in range(self.cfg.concurrency):
+            self._start_program(slot, self.rng.uniform(0, self.cfg.stagger_s))
+        self._push(0.0, "tick", None)
+        end = self.cfg.duration_s
+        while self.heap:
+            t, _, kind, data = heapq.heappop(self.heap)
+            if t > end:
+                break
+            if kind == "engine":
+                wid, version = data  # type: ignore[misc]
+                if version == self.versions[wid]:
+                    self._finished(wid, self.workers[wid].advance(t), t)
+            elif kind == "tick":
+                self._tick(t, periodic=True)
+            elif kind == "urgent":
+                self.urgent_tick_at = None
+                self._tick(t, periodic=False)
+            else:
+                getattr(self, f"_on_{kind}")(t, data)
+        return self._result()
+
+    # -- programs -------------------------------------------------------------------------------
+
+    def _start_program(self, slot: int, t: float) -> None:
+        trace = self.trace.programs[self.order[self.next_program % len(self.order)]]
+        self.next_program += 1
+        pid = f"{trace.program_id}#{next(self.instances)}"
+        run = self.running[pid] = _Running(pid, trace, slot, t)
+        self.state.apply(ProgramStart(ts=max(t, 1e-6), program_id=pid, agent=trace.steps[0].agent))
+        self._push(t, "arrival", run)
+
+    def _on_arrival(self, t: float, run: _Running) -> None:
+        step = run.trace.steps[run.step]
+        ts = max(t, 1e-6)
+        previous = run.trace.steps[run.step - 1].agent if run.step else step.agent
+        if step.agent != previous:
+            context = step.handoff_tokens or step.input_tokens
+            self.state.apply(Handoff(ts=ts, program_id=run.pid, agent=previous, from_agent=previous, to_agent=step.agent,
+                                     context_tokens=max(context - self.trace.prefix_tokens.get(step.agent, 0), 0)))
+        self.state.request_arrived(run.pid, ts, agent=step.agent, prompt_tokens=step.input_tokens)
+        req = Request(run.pid, step.agent, step.input_tokens, step.output_tokens, t,
+                      prefix=self.trace.prefix_tokens.get(step.agent, 0))
+        self.requests += 1
+        p = self.state.programs[run.pid]
+        if run.pid in self.admitted and p.home_worker is not None:
+            self._submit(p.home_worker, req, t)
+        else:
+            self.held[run.pid] = req
+            if self.urgent_tick_at is None:
+                self.urgent_tick_at = t + 0.05
+                self._push(self.urgent_tick_at, "urgent", None)
+
+    def _submit(self, wid: str, req: Request, t: float) -> None:
+        worker = self.workers[wid]
+        worker.cancel_warmup(req.program_id)
+        self._finished(wid, worker.submit(req, t), t)
+
+    def _finished(self, wid: str, done: list[Request], t: float) -> None:
+        for req in done:
+            if req.background is not None:
+                continue
+            self.ttft.append(req.first_token_at - req.arrival)
+            self.output_tokens += req.output
+            run = self.running[req.program_id]
+            self.state.apply(LLMEnd(ts=max(req.done_at, 1e-6), program_id=run.pid, request_id=f"r{run.step}",
+                                    prompt_tokens=req.context, completion_tokens=req.output,
+                                    cached_tokens=req.hit_tokens, worker=wid))
+            self._after_step(run, req.done_at)
+        self._reschedule(wid)
+
+    def _after_step(self, run: _Running, t: float) -> None:
+        run.tool = 0
+        self._next_tool(run, t)
+
+    def _next_tool(self, run: _Running, t: float) -> None:
+        step = run.trace.steps[run.step]
+        ts = max(t, 1e-6)
+        if run.tool < len(step.tools):
+            tool = step.tools[run.tool]
+            run.call_seq += 1
+            call_id = f"c{run.call_seq}"
+            self.state.apply(ToolStart(ts=ts, program_id=run.pid, call_id=call_id, tool=tool.name,
+                                       signature=tool.signature, deadline_s=tool.deadline_s))
+            if self.sim.oracle:
+                self.state.apply(ToolProgress(ts=ts, program_id=run.pid, call_id=call_id, fraction=0.0, eta_s=tool.duration_s))
+            self._push(t + tool.duration_s, "tool_end", (run, call_id))
+            return
+        if step.human_wait_s > 0 and run.tool == len(step.tools):
+            run.tool += 1
+            self.state.apply(ProgramWait(ts=ts, program_id=run.pid))
+            self._push(t + step.human_wait_s, "resume", run)
+            return
+        self._next_step(run, t)
+
+    def _on_tool_end(self, t: float, data: tuple[_Running, str]) -> None:
+        run, call_id = data
+        self.state.apply(ToolEnd(ts=max(t, 1e-6), program_id=run.pid, call_id=call_id,
+                                 duration_s=run.trace.steps[run.step].tools[run.tool].duration_s))
+        run.tool += 1
+        self._next_tool(run, t)
+
+    def _on_resume(self, t: float, run: _Running) -> None:
+        self.state.apply(ProgramResume(ts=max(t, 1e-6), program_id=run.pid))
+        self._next_step(run, t)
+
+    def _next_step(self, run: _Running, t: float) -> None:
+        run.step += 1
+        if run.step < len(run.trace.steps):
+            self._on_arrival(t, run)
+            return
+        self.latency.append(t - run.started)
+        self.state.apply(ProgramEnd(ts=max(t, 1e-6), program_id=run.pid))
+        for worker in self.workers.values():
+            worker.drop(run.pid)
+            worker.segments.pop(run.pid, None)
+            worker.priorities.pop(run.pid, None)
+        del self.running[run.pid]
+        self._start_program(run.slot, t)
+
+    # -- scheduling -----------------------------------------------------------------------------
+
+    def _tick(self, t: float, *, periodic: bool) -> None:
+        for wid, worker in self.workers.items():
+            self._finished(wid, worker.advance(t), t)
+            live = self.state.workers[wid]
+            live.queued_requests = worker.queued_foreground()
+            live.used_tokens = worker.gpu_used
+            live.warmups_in_flight = sum(1 for r in worker.running if r.background is not None)
+        decision = self.scheduler.tick(t)
+        self._apply(decision, t)
+        if periodic:
+            self._push(t + self.cfg.period_s, "tick", None)
+
+    def _apply(self, decision: Decision, t: float) -> None:
+        self.admitted = decision.admitted
+        touched: set[str] = set()
+        # Demotions and pauses are not commands to the engine (SGLang has none): they change the
+        # priorities below, and the engine evicts accordingly when it needs room.
+        for move in decision.tier_moves:
+            if move.lazy:
+                continue
+            self.tier_moves += 1
+            if move.dst is Tier.GPU and self.sim.tiering:
+                self.workers[move.worker].promote(move.program_id, t)
+                touched.add(move.worker)
+        if self.sim.typed:
+            ranks = {pid: HOST_RANK[p.tier] for pid, p in self.state.programs.items()}
+            for worker in self.workers.values():
+                worker.priorities = dict(decision.priorities)
+                worker.host_ranks = ranks
+        for warm in decision.warmups:
+            worker = self.workers[warm.worker]
+            touched.add(warm.worker)
+            if warm.kind == "load_back":
+                worker.promote(warm.program_id, t)
+            else:
+                worker.warm(warm.program_id, warm.agent or "agent", warm.tokens,
+                            self.trace.prefix_tokens.get(warm.agent or "", 0), t)
+        for pid, req in list(self.held.items()):
+            p = self.state.programs.get(pid)
+            home = p.home_worker if p is not None else None
+            if pid in self.admitted and home is not None:
+                del self.held[pid]
+                self._submit(home, req, t)
+            elif t - req.arrival >= self.cfg.hold_timeout_s:
+                del self.held[pid]
+                self._submit(home or self._least_loaded(), req, t)
+        for wid in touched:
+            self._reschedule(wid)
+
+    def _least_loaded(self) -> str:
+        return min(sorted(self.workers), key=lambda w: self.workers[w].gpu_used)
+
+    # -- results --------------------------------------------------------------------------------
+
+    def _result(self) -> RunResult:
+        stats = [w.stats for w in self.workers.values()]
+        prompt = sum(s.prompt_tokens for s in stats)
+        ttft = np.array(self.ttft) if self.ttft else np.array([math.nan])
+        latency = np.array(self.latency) if self.latency else None
+        preds = self.state.predictions
+        return RunResult(
+            policy=self.cfg.policy, concurrency=self.cfg.concurrency, cpu_ratio=self.cfg.cpu_ratio,
+            throughput_tok_s=self.output_tokens / self.cfg.duration_s,
+            ttft_mean_s=float(ttft.mean()), ttft_p95_s=float(np.percentile(ttft, 95)),
+            latency_mean_s=float(latency.mean()) if latency is not None else None,
+            latency_p95_s=float(np.percentile(latency, 95)) if latency is not None else None,
+            prefix_hit_rate=sum(s.hit_tokens for s in stats) / prompt if prompt else 0.0,
+            recomputed_tokens=sum(s.recomputed_tokens for s in stats),
+            transfer_bytes=sum(s.transfer_bytes for s in stats),
+            tier_moves=self.tier_moves, requests=self.requests, programs_completed=len(self.latency),
+            warmups=sum(s.warmups for s in stats),
+            dp_fallback_share=self.scheduler.dp_fallbacks / self.scheduler.dp_steps if self.scheduler.dp_steps else None,
+            prediction_mae_s=preds.mae_s, prediction_within_half_s=preds.within_half_second_share,
+            gpu_tokens=self.gpu_tokens, workers=self.cfg.workers, duration_s=self.cfg.duration_s, seed=self.cfg.seed,
+            unlimited=self.unlimited,
+        )
+
+
+def run_one(trace: Trace, cfg: RunConfig, profile: EngineProfile | None = None, *, unlimited: bool = False) -> RunResult:
+    return Replay(trace, cfg, profile or EngineProfile(), unlimited=unlimited).run()
