@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from maitred.middleware.config import default_db_url
+from maitred.sim.traces import TraceError
 from maitred.storage.queries import ALL_TOOLS, parse_since
 
 console = Console()
@@ -169,6 +170,59 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _csv(kind: Callable[[str], Any], name: str, allowed: Sequence[str] | None = None) -> Callable[[str], tuple]:
+    def parse(text: str) -> tuple:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"{name}: give at least one value")
+        try:
+            values = tuple(kind(t) for t in items)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}: {text!r} is not a comma-separated list of {kind.__name__}") from None
+        unknown = [v for v in values if allowed is not None and v not in allowed]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"{name}: unknown {', '.join(map(str, unknown))}; choose from {', '.join(allowed)}")
+        if kind is not str and any(v <= 0 for v in values if kind is int) or any(v < 0 for v in values if kind is float):
+            raise argparse.ArgumentTypeError(f"{name}: values must be positive")
+        return values
+    return parse
+
+
+def cmd_bench_replay(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from maitred.sim.bench import Matrix, run_matrix, write_outputs
+    from maitred.sim.profile import EngineProfile
+    from maitred.sim.traces import load_trace
+
+    trace = load_trace(args.trace)  # validate before starting processes; reports what it skipped
+    profile = EngineProfile.load(args.profile) if args.profile else EngineProfile()
+    matrix = Matrix(args.trace, args.policy, args.concurrency, args.cpu_ratio, args.duration, args.seed,
+                    args.workers, args.gpu_tokens)
+    total = len(matrix.configs())
+    console.print(f"{trace.name}: {len(trace.programs)} programs; {total} runs of {args.duration:.0f} simulated s "
+                  f"on {args.jobs or 'all'} processes; engine: {profile.name}")
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as bar:
+        task = bar.add_task("replaying", total=total)
+        records = run_matrix(matrix, profile, jobs=args.jobs,
+                             on_done=lambda r: bar.update(task, advance=1, description=f"{r['policy']} C={r['concurrency']}"))
+    command = "maitred " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("maitred") else "maitred bench replay"
+    for path in write_outputs(matrix, records, Path(args.out), command):
+        console.print(f"wrote {path}")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from maitred.sim.calibrate import calibrate
+
+    profile = calibrate(args.device, progress=lambda stage: console.print(f"measuring {stage} ..."))
+    profile.save(args.out)
+    console.print(f"wrote {args.out}: {profile.name}; {profile.gpu_kv_tokens:,} KV tokens, "
+                  f"prefill {profile.prefill_s_per_token * 1e6:.2f} µs/token, host→device {profile.h2d_bytes_per_s / 1e9:.1f} GB/s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="maitred", description="Agent-aware serving for LLM agents.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -210,6 +264,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="trace file to write")
     p.add_argument("--since", type=_since)
 
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="what", required=True, metavar="WHAT")
+    from maitred.sim.replay import SIM_POLICIES
+
+    p = add("replay", cmd_bench_replay, "replay a trace against every policy on simulated workers", bench)
+    p.add_argument("--trace", required=True, help="SWE-agent folder, TraceLab or maitred JSONL, or synthetic:claude-code[?options]")
+    p.add_argument("--policy", type=_csv(str, "--policy", list(SIM_POLICIES)), default=tuple(SIM_POLICIES),
+                   help=f"comma-separated (default: all of {','.join(SIM_POLICIES)})")
+    p.add_argument("--concurrency", type=_csv(int, "--concurrency"), default=(20, 50, 80))
+    p.add_argument("--cpu-ratio", type=_csv(float, "--cpu-ratio"), default=(1.0, 2.0), help="host KV memory as a multiple of GPU KV memory")
+    p.add_argument("--duration", type=float, default=3600.0, help="simulated seconds per run")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=1, help="simulated GPU workers (data-parallel ranks)")
+    p.add_argument("--gpu-tokens", type=int, help="GPU KV capacity per worker (default: the profile's)")
+    p.add_argument("--profile", help="engine profile JSON (maitred calibrate writes one)")
+    p.add_argument("--jobs", type=int, help="processes (default: all cores)")
+    p.add_argument("--out", required=True, help="folder for results.json, report.md and the PNG plots")
+
+    p = add("calibrate", cmd_calibrate, "measure an engine profile on this machine with torch")
+    p.add_argument("--out", required=True, help="profile JSON to write")
+    p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+
     p = add("demo", cmd_demo, "run an instrumented multi-agent workload into SQLite and show its statistics")
     p.add_argument("--db-file", default="maitred-demo.db", help="SQLite file to (re)create")
     p.add_argument("--programs", type=int, default=6)
@@ -221,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except CliError as exc:
+    except (CliError, TraceError, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 1
     except Exception as exc:

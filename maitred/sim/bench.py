@@ -1,0 +1,174 @@
+"""``maitred bench replay``: a matrix of replay runs, in parallel, with results, report and plots.
+
+Every (policy, concurrency, host-memory ratio) cell is one closed-loop run; each concurrency
+also gets one run with unlimited GPU memory, the physical limit every policy is a fraction of.
+Runs are independent and deterministic, so they spread over processes freely.
+"""
+
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from maitred.sim.profile import EngineProfile
+from maitred.sim.replay import SIM_POLICIES, RunConfig, RunResult, run_one
+from maitred.sim.traces import Trace, load_trace
+
+UNLIMITED = "unlimited"
+BASELINES = ("round_robin", "cache_aware", "thunderagent", "thunderagent_offload", "tao", "mori")
+
+
+@dataclass(frozen=True, slots=True)
+class Matrix:
+    trace: str
+    policies: tuple[str, ...] = tuple(SIM_POLICIES)
+    concurrencies: tuple[int, ...] = (20, 50, 80)
+    cpu_ratios: tuple[float, ...] = (1.0, 2.0)
+    duration_s: float = 3600.0
+    seed: int = 0
+    workers: int = 1
+    gpu_tokens: int | None = None
+
+    def configs(self) -> list[tuple[RunConfig, bool]]:
+        runs = [(RunConfig("round_robin", c, 1.0, self.duration_s, self.seed, self.workers, self.gpu_tokens), True)
+                for c in self.concurrencies]
+        runs += [
+            (RunConfig(p, c, r, self.duration_s, self.seed, self.workers, self.gpu_tokens), False)
+            for p in self.policies for c in self.concurrencies for r in self.cpu_ratios
+        ]
+        return runs
+
+
+_trace: Trace | None = None
+_profile: EngineProfile | None = None
+
+
+def _init(trace_spec: str, profile: dict) -> None:
+    global _trace, _profile
+    _trace = load_trace(trace_spec)
+    _profile = EngineProfile(**profile)
+
+
+def _run(cfg: RunConfig, unlimited: bool) -> dict:
+    assert _trace is not None and _profile is not None
+    record = asdict(run_one(_trace, cfg, _profile, unlimited=unlimited))
+    if unlimited:
+        record["policy"] = UNLIMITED
+    return record
+
+
+def run_matrix(matrix: Matrix, profile: EngineProfile, *, jobs: int | None = None,
+               on_done: Callable[[dict], None] | None = None) -> list[dict]:
+    """All runs of the matrix, in matrix order (whatever order they finish in)."""
+    configs = matrix.configs()
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(configs)))
+    results: list[dict | None] = [None] * len(configs)
+    if jobs == 1:
+        _init(matrix.trace, asdict(profile))
+        for i, (cfg, unlimited) in enumerate(configs):
+            results[i] = _run(cfg, unlimited)
+            if on_done:
+                on_done(results[i])
+    else:
+        with ProcessPoolExecutor(jobs, initializer=_init, initargs=(matrix.trace, asdict(profile))) as pool:
+            futures = {pool.submit(_run, cfg, unlimited): i for i, (cfg, unlimited) in enumerate(configs)}
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
+                if on_done:
+                    on_done(results[futures[future]])
+    return [r for r in results if r is not None]
+
+
+def best_baseline(records: Sequence[dict], concurrency: int, ratio: float, key: str, *, lower: bool = False) -> dict | None:
+    rows = [r for r in records if r["policy"] in BASELINES and r["concurrency"] == concurrency and r["cpu_ratio"] == ratio]
+    if not rows:
+        return None
+    return (min if lower else max)(rows, key=lambda r: r[key])
+
+
+def _cell(records: Sequence[dict], policy: str, concurrency: int, ratio: float) -> dict | None:
+    for r in records:
+        if r["policy"] == policy and r["concurrency"] == concurrency and (policy == UNLIMITED or r["cpu_ratio"] == ratio):
+            return r
+    return None
+
+
+def report_markdown(matrix: Matrix, records: Sequence[dict], command: str) -> str:
+    ratios, concs = matrix.cpu_ratios, matrix.concurrencies
+    policies = [p for p in matrix.policies]
+    lines = [f"# Replay: {matrix.trace}", "", f"Command: `{command}`", "",
+             f"{matrix.duration_s:.0f} simulated seconds per run, seed {matrix.seed}, {matrix.workers} worker(s).", ""]
+    for title, key, fmt in (("Throughput (output tokens/s)", "throughput_tok_s", "{:.0f}"),
+                            ("Mean TTFT (s)", "ttft_mean_s", "{:.2f}"), ("p95 TTFT (s)", "ttft_p95_s", "{:.2f}"),
+                            ("Prefix hit rate", "prefix_hit_rate", "{:.3f}")):
+        lines += [f"## {title}", "", "| policy | " + " | ".join(f"C={c} ×{r:g}" for c in concs for r in ratios) + " |",
+                  "|---|" + "---|" * (len(concs) * len(ratios))]
+        for policy in policies + [UNLIMITED]:
+            cells = []
+            for c in concs:
+                for r in ratios:
+                    rec = _cell(records, policy, c, r)
+                    cells.append(fmt.format(rec[key]) if rec and rec[key] is not None else "-")
+            lines.append(f"| {policy} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if "maitred" in policies:
+        lines += ["## maitred against the best baseline of each cell", "",
+                  "| cell | throughput × | mean TTFT change | share of unlimited | vs oracle |", "|---|---|---|---|---|"]
+        for c in concs:
+            for r in ratios:
+                ours, limit, oracle = _cell(records, "maitred", c, r), _cell(records, UNLIMITED, c, r), _cell(records, "oracle", c, r)
+                tput, ttft = best_baseline(records, c, r, "throughput_tok_s"), best_baseline(records, c, r, "ttft_mean_s", lower=True)
+                if not ours or not tput or not ttft:
+                    continue
+                share = f"{ours['throughput_tok_s'] / limit['throughput_tok_s']:.0%}" if limit else "-"
+                vs_oracle = f"{ours['throughput_tok_s'] / oracle['throughput_tok_s']:.2f}" if oracle else "-"
+                lines.append(
+                    f"| C={c} ×{r:g} | {ours['throughput_tok_s'] / tput['throughput_tok_s']:.2f} ({tput['policy']}) | "
+                    f"{(ours['ttft_mean_s'] / ttft['ttft_mean_s'] - 1) * 100:+.0f}% ({ttft['policy']}) | {share} | {vs_oracle} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(matrix: Matrix, records: Sequence[dict], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for key, label, name in (("throughput_tok_s", "output tokens/s", "throughput.png"), ("ttft_mean_s", "mean TTFT (s)", "ttft.png")):
+        fig, axes = plt.subplots(1, len(matrix.cpu_ratios), figsize=(5.5 * len(matrix.cpu_ratios), 4), squeeze=False)
+        for ax, ratio in zip(axes[0], matrix.cpu_ratios):
+            for policy in list(matrix.policies) + [UNLIMITED]:
+                xs, ys = [], []
+                for c in matrix.concurrencies:
+                    rec = _cell(records, policy, c, ratio)
+                    if rec and rec[key] is not None and math.isfinite(rec[key]):
+                        xs.append(c)
+                        ys.append(rec[key])
+                style = {"linestyle": "--", "color": "black"} if policy == UNLIMITED else {"marker": "o"}
+                ax.plot(xs, ys, label=policy, linewidth=2.2 if policy == "maitred" else 1.2, **style)
+            ax.set_title(f"host memory = {ratio:g}× GPU")
+            ax.set_xlabel("concurrent programs")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+        axes[0][-1].legend(fontsize=7, loc="best")
+        fig.suptitle(Path(matrix.trace).name if not matrix.trace.startswith("synthetic") else matrix.trace)
+        fig.tight_layout()
+        path = out / name
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def write_outputs(matrix: Matrix, records: Sequence[dict], out: Path, command: str) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    results = out / "results.json"
+    results.write_text(json.dumps({"matrix": asdict(matrix), "command": command, "runs": list(records)}, indent=2) + "\n")
+    report = out / "report.md"
+    report.write_text(report_markdown(matrix, records, command))
+    return [results, report, *plot(matrix, records, out)]
