@@ -210,6 +210,14 @@ class RuntimeState:
             p.adapter_version = self.adapter_versions.get(adapter)
         return p
 
+    def force_admit(self, program_id: str, worker_id: str) -> None:
+        """The gateway let a held request through after its bounded wait (no request waits
+        forever). Record that the program now occupies the GPU of ``worker_id``, so the next
+        step makes room for it on purpose instead of leaving the engine to evict blindly."""
+        p = self.programs.get(program_id)
+        if p is not None:
+            p.home_worker, p.tier, p.lazy_demote = worker_id, Tier.GPU, False
+
     # -- decisions ----------------------------------------------------------------------------
 
     def apply_decision(self, decision: Decision) -> None:

@@ -41,12 +41,15 @@ class TierPlan:
     def iota(self, p: ProgramState) -> float:
         return self.view.signals[p.program_id].idleness
 
-    def used(self, worker_id: str, tier: Tier) -> int:
+    def used(self, worker_id: str, tier: Tier, *, lazy: bool = True) -> int:
+        """Tokens in ``tier`` on the worker; ``lazy=False`` leaves out programs marked for lazy
+        demotion (they leave when their step ends, so they do not count against the cap), but
+        their KV is still there: room for newcomers counts them."""
         return sum(self.weight(p) for p in self.by_worker[worker_id]
-                   if self.tiers[p.program_id] is tier and p.program_id not in self.lazy)
+                   if self.tiers[p.program_id] is tier and (lazy or p.program_id not in self.lazy))
 
     def gpu_free(self) -> dict[str, int]:
-        """Free GPU tokens per healthy worker once these moves are done (lazy ones not yet)."""
+        """GPU tokens free for newcomers on each healthy worker once these moves are done."""
         return {w.worker_id: w.gpu_tokens - self.used(w.worker_id, Tier.GPU) for w in self.view.healthy_workers()}
 
     def move(self, p: ProgramState, worker_id: str, dst: Tier) -> None:
@@ -84,7 +87,7 @@ def _plan_worker(plan: TierPlan, worker_id: str, promote_waiting: bool) -> None:
         if p.lazy_demote and tiers[p.program_id] is Tier.GPU and p.phase is not Phase.REASONING:
             plan.demote(p, worker)
 
-    over = plan.used(worker_id, Tier.GPU) - worker.gpu_tokens
+    over = plan.used(worker_id, Tier.GPU, lazy=False) - worker.gpu_tokens
     gpu = sorted((p for p in programs if tiers[p.program_id] is Tier.GPU), key=lambda p: -iota(p))
     for p in gpu:
         if over <= 0:

@@ -331,7 +331,9 @@ class Replay:
                 self._submit(home, req, t)
             elif t - req.arrival >= self.cfg.hold_timeout_s:
                 del self.held[pid]
-                self._submit(home or self._least_loaded(), req, t)
+                worker = home or self._least_loaded()
+                self.state.force_admit(pid, worker)
+                self._submit(worker, req, t)
         for wid in touched:
             self._reschedule(wid)
 
