@@ -10,7 +10,7 @@ from maitred.sim.engine import Request, Worker
 from maitred.sim.profile import EngineProfile
 from maitred.sim.replay import SIM_POLICIES, RunConfig, run_one
 from maitred.sim.synthetic import NOMINAL_STEP_S, SyntheticSpec, generate
-from maitred.sim.traces import ProgramTrace, Step, ToolCall, Trace, TraceError, load_trace, read_tracelab
+from maitred.sim.traces import ProgramTrace, ToolCall, Trace, TraceError, load_trace, read_tracelab
 
 SWE = "/work/shared/traces/swe-agent-glm45-bs4"
 PROFILE = EngineProfile()

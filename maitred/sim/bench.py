@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from maitred.sim.profile import EngineProfile
-from maitred.sim.replay import SIM_POLICIES, RunConfig, RunResult, run_one
+from maitred.sim.replay import SIM_POLICIES, RunConfig, run_one
 from maitred.sim.traces import Trace, load_trace
 
 UNLIMITED = "unlimited"

@@ -199,11 +199,6 @@ class Replay:
     def _on_arrival(self, t: float, run: _Running) -> None:
         step = run.trace.steps[run.step]
         ts = max(t, 1e-6)
-        previous = run.trace.steps[run.step - 1].agent if run.step else step.agent
-        if step.agent != previous:
-            context = step.handoff_tokens or step.input_tokens
-            self.state.apply(Handoff(ts=ts, program_id=run.pid, agent=previous, from_agent=previous, to_agent=step.agent,
-                                     context_tokens=max(context - self.trace.prefix_tokens.get(step.agent, 0), 0)))
         self.state.request_arrived(run.pid, ts, agent=step.agent, prompt_tokens=step.input_tokens)
         req = Request(run.pid, step.agent, step.input_tokens, step.output_tokens, t,
                       prefix=self.trace.prefix_tokens.get(step.agent, 0))
@@ -236,6 +231,15 @@ class Replay:
         self._reschedule(wid)
 
     def _after_step(self, run: _Running, t: float) -> None:
+        """The producer's last step is done: a handoff to the next step's agent happens now, while
+        the tools run, which is when a warmup of the consumer's prompt can still help."""
+        steps = run.trace.steps
+        if run.step + 1 < len(steps) and steps[run.step + 1].agent != steps[run.step].agent:
+            nxt, previous = steps[run.step + 1], steps[run.step].agent
+            context = nxt.handoff_tokens or nxt.input_tokens
+            self.state.apply(Handoff(ts=max(t, 1e-6), program_id=run.pid, agent=previous, from_agent=previous,
+                                     to_agent=nxt.agent,
+                                     context_tokens=max(context - self.trace.prefix_tokens.get(nxt.agent, 0), 0)))
         run.tool = 0
         self._next_tool(run, t)
 
