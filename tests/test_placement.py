@@ -40,7 +40,7 @@ def discretised(items: list[Item], caps: list[int]) -> tuple[list[Item], list[in
 
 
 def brute_force(items: list[Item], caps: list[int]) -> tuple[int, int, int]:
-    best = (0, 0, 0)
+    best = objective(items, [None] * len(items))
     for plan in itertools.product(*[[None, *range(len(caps))] for _ in items]):
         load = [0] * len(caps)
         ok = True

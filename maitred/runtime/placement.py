@@ -20,7 +20,7 @@ from maitred.runtime.model import Phase, ProgramState, Tier
 from maitred.runtime.signals import cache_credit
 from maitred.runtime.state import View
 
-Value = tuple[int, int, int]
+Value = tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +42,10 @@ def solve_dp(items: list[Item], capacities: list[int], *, quanta: int, state_bud
     quantum = max(1, math.ceil(max(capacities) / quanta)) if max(capacities) > 0 else 1
     cap = np.array([max(c, 0) // quantum for c in capacities], dtype=np.int64)
     radix = np.cumprod(np.concatenate(([1], cap[:-1] + 1))).astype(np.int64)
+    width = len(next(v for item in items for v in item.values if v is not None)) if any(
+        v is not None for item in items for v in item.values) else 1
     used = np.zeros((1, m), dtype=np.int64)
-    value = np.zeros((1, 3), dtype=np.int64)
+    value = np.zeros((1, width), dtype=np.int64)
     layers: list[tuple[np.ndarray, np.ndarray]] = []
     for item in items:
         w = math.ceil(item.weight / quantum)
@@ -65,7 +67,7 @@ def solve_dp(items: list[Item], capacities: list[int], *, quanta: int, state_bud
         all_parent, all_choice = np.concatenate(parents), np.concatenate(choices)
         keys = all_used @ radix
         # Per distinct state keep the lexicographically best value (ties: the earlier candidate).
-        order = np.lexsort((-all_value[:, 2], -all_value[:, 1], -all_value[:, 0], keys))
+        order = np.lexsort(tuple(-all_value[:, c] for c in reversed(range(width))) + (keys,))
         first = np.ones(len(order), dtype=bool)
         first[1:] = keys[order][1:] != keys[order][:-1]
         keep = order[first]
@@ -74,7 +76,7 @@ def solve_dp(items: list[Item], capacities: list[int], *, quanta: int, state_bud
             return None
         used, value = all_used[keep], all_value[keep]
         layers.append((all_parent[keep], all_choice[keep]))
-    best = int(np.lexsort((value[:, 2], value[:, 1], value[:, 0]))[-1])
+    best = int(np.lexsort(tuple(value[:, c] for c in reversed(range(width))))[-1])
     plan: list[int | None] = [None] * len(items)
     for j in range(len(items) - 1, -1, -1):
         parent, choice = layers[j]
@@ -102,7 +104,7 @@ def plan_items(items: list[Item], capacities: list[int], quanta: int, state_budg
     """The exact DP over as many of the most valuable candidates as the state budget can
     guarantee to hold (the product of their choices bounds the states), then BFD for the rest
     in what capacity is left. Returns the plan and whether any candidate was left to BFD."""
-    order = sorted(range(len(items)), key=lambda j: max((v for v in items[j].values if v is not None), default=(-1, -1, -1)), reverse=True)
+    order = sorted(range(len(items)), key=lambda j: max((v for v in items[j].values if v is not None), default=(-1,)), reverse=True)
     head, layer, spent = [], 1, 0
     for j in order:
         choices = 1 + sum(v is not None for v in items[j].values)
@@ -127,12 +129,14 @@ def plan_items(items: list[Item], capacities: list[int], quanta: int, state_budg
 
 
 def objective(items: list[Item], plan: list[int | None]) -> Value:
-    total = [0, 0, 0]
+    """Component-wise sum of the chosen values (what the DP maximises lexicographically)."""
+    width = max((len(v) for item in items for v in item.values if v is not None), default=0)
+    total = [0] * width
     for item, b in zip(items, plan):
         if b is not None:
             for i, x in enumerate(item.values[b]):
                 total[i] += x
-    return (total[0], total[1], total[2])
+    return tuple(total)
 
 
 def signature(p: ProgramState) -> Signature:
@@ -154,12 +158,15 @@ def place(view: View, candidates: list[ProgramState], free: dict[str, int], *, r
     worker_ids = [w for w in free if view.workers[w].healthy]
     capacities = [max(free[w], 0) for w in worker_ids]
     reserve, cfg = view.cfg.reserve_tokens, view.cfg
+    versions = dict(view.adapter_versions)
     items = []
     for p in candidates:
         r = view.signals[p.program_id].readiness.r
         weight = p.weight(reserve)
+        # TAO's (k, r, t), then the worker's free room in 1k-token units: among plans equal on
+        # cache, readiness and tokens, prefer emptier workers (spread the load).
         values = tuple(
-            (cache_credit(p, w, view.now, cfg.credit_half_life_s, dict(view.adapter_versions)), r, p.context_tokens)
+            (cache_credit(p, w, view.now, cfg.credit_half_life_s, versions), r, p.context_tokens, cap // 1024)
             if weight <= cap else None
             for w, cap in zip(worker_ids, capacities)
         )

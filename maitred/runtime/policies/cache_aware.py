@@ -2,8 +2,11 @@
 
 A program stays on the worker that holds its cache. A new program goes where the best prefix
 match is — programs of the same agent share its system prompt — when that match covers at
-least ``match_threshold`` of the agent's prompt, else to the worker with the fewest tokens in
-use (the router's load balancing). Nothing is held, demoted or prefetched.
+least ``match_threshold`` of the agent's programs, else to the worker with the fewest tokens in
+use. Like the router's ``balance_abs_threshold`` / ``balance_rel_threshold`` guard, when the
+busiest worker holds more than ``balance_abs`` programs above the least busy one and more than
+``balance_rel`` times as many, the match is ignored and the least loaded worker is taken (the
+router counts requests; a program is this policy's unit). Nothing is held, demoted or prefetched.
 """
 
 from collections import Counter
@@ -17,28 +20,38 @@ from maitred.runtime.state import View
 class CacheAware:
     name = "cache_aware"
 
-    def __init__(self, match_threshold: float = 0.5) -> None:
+    def __init__(self, match_threshold: float = 0.5, balance_abs: int = 8, balance_rel: float = 1.5) -> None:
         self.match_threshold = match_threshold
+        self.balance_abs = balance_abs
+        self.balance_rel = balance_rel
 
     def step(self, view: View) -> Decision:
         healthy = {w.worker_id for w in view.healthy_workers()}
         if not healthy:
             return finish(self.name, view, admit_all=True)
         load = {w: 0 for w in healthy}
+        count = {w: 0 for w in healthy}
         agents: dict[str, Counter[str]] = {}
         for p in view.programs.values():
             if p.home_worker in healthy:
                 load[p.home_worker] += p.context_tokens
+                count[p.home_worker] += 1
                 agents.setdefault(p.agent or "", Counter())[p.home_worker] += 1
         assignments = []
         for p in view.programs.values():
             if p.home_worker in healthy:
                 continue
             peers = agents.get(p.agent or "", Counter())
-            best, count = peers.most_common(1)[0] if peers else (None, 0)
-            share = count / max(sum(peers.values()), 1)
-            worker = best if best is not None and share >= self.match_threshold else min(sorted(load), key=load.__getitem__)
+            best, hits = peers.most_common(1)[0] if peers else (None, 0)
+            share = hits / max(sum(peers.values()), 1)
+            busiest, idlest = max(count.values()), min(count.values())
+            balanced = busiest - idlest <= self.balance_abs or busiest <= self.balance_rel * idlest
+            if best is not None and share >= self.match_threshold and balanced:
+                worker = best
+            else:
+                worker = min(sorted(load), key=load.__getitem__)
             load[worker] += p.context_tokens
+            count[worker] += 1
             agents.setdefault(p.agent or "", Counter())[worker] += 1
             assignments.append(Assignment(p.program_id, worker, "new", signature(p)))
         return finish(self.name, view, assignments=assignments, admit_all=True)
