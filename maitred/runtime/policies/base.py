@@ -4,11 +4,11 @@ Policies may keep small memory of their own between steps (a round-robin cursor)
 mutate the view; everything they decide is in the returned ``Decision``.
 """
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from maitred.runtime.decisions import Assignment, Decision, TierMove, Warmup
-from maitred.runtime.model import Phase, Tier
+from maitred.runtime.model import Phase, ProgramState, Tier
 from maitred.runtime.state import View
 
 
@@ -16,6 +16,34 @@ class Policy(Protocol):
     name: str
 
     def step(self, view: View) -> Decision: ...
+
+
+def pause_until_fits(
+    view: View, order: Callable[[ProgramState, str], object],
+) -> tuple[dict[str, Tier], dict[str, int], list[TierMove]]:
+    """Interrupt/pause without a host tier (ThunderAgent, TAO): on each worker over capacity,
+    acting GPU programs leave (KV given up) in ``order(program, worker)`` until it fits.
+    Returns the tiers after the pauses, the free GPU tokens per healthy worker and the moves."""
+    reserve = view.cfg.reserve_tokens
+    tiers = {pid: p.tier for pid, p in view.programs.items()}
+    free = {w.worker_id: w.gpu_tokens for w in view.healthy_workers()}
+    for p in view.programs.values():
+        if tiers[p.program_id] is Tier.GPU and p.home_worker in free:
+            free[p.home_worker] -= p.weight(reserve)
+    moves: list[TierMove] = []
+    for worker_id in free:
+        acting = sorted(
+            (p for p in view.programs.values()
+             if p.home_worker == worker_id and tiers[p.program_id] is Tier.GPU and p.phase is not Phase.REASONING),
+            key=lambda p: order(p, worker_id),
+        )
+        for p in acting:
+            if free[worker_id] >= 0:
+                break
+            moves.append(TierMove(p.program_id, worker_id, Tier.GPU, Tier.WAITING))
+            tiers[p.program_id] = Tier.WAITING
+            free[worker_id] += p.weight(reserve)
+    return tiers, free, moves
 
 
 def final_tiers(view: View, moves: Iterable[TierMove], assignments: Iterable[Assignment]) -> dict[str, Tier]:

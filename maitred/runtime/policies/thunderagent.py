@@ -5,10 +5,10 @@ first (their KV is dropped); programs that want the GPU again â€” and new ones â
 best-fit decreasing onto whichever worker has room, with no regard for where their cache was.
 """
 
-from maitred.runtime.decisions import Assignment, Decision, TierMove
-from maitred.runtime.model import Phase, Tier
+from maitred.runtime.decisions import Assignment, Decision
+from maitred.runtime.model import Tier
 from maitred.runtime.placement import Item, signature, solve_bfd, wants_gpu
-from maitred.runtime.policies.base import finish
+from maitred.runtime.policies.base import finish, pause_until_fits
 from maitred.runtime.state import View
 
 
@@ -17,24 +17,7 @@ class ThunderAgent:
 
     def step(self, view: View) -> Decision:
         reserve = view.cfg.reserve_tokens
-        tiers = {pid: p.tier for pid, p in view.programs.items()}
-        free = {w.worker_id: w.gpu_tokens for w in view.healthy_workers()}
-        moves: list[TierMove] = []
-        for p in view.programs.values():
-            if tiers[p.program_id] is Tier.GPU and p.home_worker in free:
-                free[p.home_worker] -= p.weight(reserve)
-        for worker_id in free:
-            acting = sorted(
-                (p for p in view.programs.values()
-                 if p.home_worker == worker_id and tiers[p.program_id] is Tier.GPU and p.phase is not Phase.REASONING),
-                key=lambda p: p.weight(reserve),
-            )
-            for p in acting:
-                if free[worker_id] >= 0:
-                    break
-                moves.append(TierMove(p.program_id, worker_id, Tier.GPU, Tier.WAITING))
-                tiers[p.program_id] = Tier.WAITING
-                free[worker_id] += p.weight(reserve)
+        tiers, free, moves = pause_until_fits(view, lambda p, _worker: p.weight(reserve))
         waiting = [
             p for p in view.programs.values()
             if (tiers[p.program_id] is not Tier.GPU or p.home_worker not in free) and wants_gpu(p, view)
