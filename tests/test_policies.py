@@ -80,6 +80,23 @@ def test_gpu_over_capacity_demotes_the_most_idle_acting_program():
     assert st_.programs["a"].tier is Tier.CPU and "a" not in decision.admitted
 
 
+def test_maitred_demotes_by_idleness_per_token_where_mori_demotes_by_idleness():
+    """w0's GPU tier holds 12,000 tokens in a 10,000 one. big: 7,488 (+512) tokens, ι = 0.9;
+    small: 1,488 (+512), ι = 0.8; busy: 1,488 (+512), reasoning. MORI demotes the most idle
+    (big, ι 0.9). maitred ranks ι per token: small 0.8/2,000 = 4.0e-4 beats big 0.9/8,000 =
+    1.1e-4, so small goes first; its 2,000 tokens cover the 2,000 over capacity and big stays."""
+    def case():
+        big = program("big", tokens=7_488, home="w0", tier=Tier.GPU, cycles=[(1, 9)] * 4)
+        small = program("small", tokens=1_488, home="w0", tier=Tier.GPU, cycles=[(2, 8)] * 4)
+        busy = program("busy", tokens=1_488, phase=Phase.REASONING, home="w0", tier=Tier.GPU)
+        for p in (big, small):
+            p.phase_since = NOW
+        return state([("w0", 10_000, 20_000)], [big, small, busy])
+
+    assert [m.program_id for m in Scheduler(case(), "mori").tick(NOW).tier_moves] == ["big"]
+    assert [m.program_id for m in Scheduler(case(), "maitred").tick(NOW).tier_moves] == ["small"]
+
+
 def test_all_reasoning_marks_the_most_idle_for_lazy_demotion_then_moves_it_after_its_step():
     a = program("a", tokens=5_488, phase=Phase.REASONING, home="w0", tier=Tier.GPU, cycles=[(1, 9)] * 3)
     b = program("b", tokens=5_488, phase=Phase.REASONING, home="w0", tier=Tier.GPU, cycles=[(5, 5)] * 3)

@@ -69,16 +69,23 @@ class TierPlan:
             over -= self.weight(p)
 
 
-def plan_tiers(view: View, *, promote_waiting: bool) -> TierPlan:
+def plan_tiers(view: View, *, promote_waiting: bool, per_token: bool = False) -> TierPlan:
     """``promote_waiting``: also bring dropped programs back at home (MORI alone); maitred
-    leaves them to TAO placement, which may find them a better worker."""
+    leaves them to TAO placement, which may find them a better worker.
+
+    ``per_token``: when the GPU tier is over capacity, demote in order of idleness *per token*
+    (ι / weight) instead of idleness alone. Restoring a program costs in proportion to its
+    size (a host load or a recompute that holds up the batch), so between two similarly idle
+    programs the cheaper one to bring back should go first — ThunderAgent's smallest-first
+    instinct, kept inside MORI's idleness order. maitred uses it; ``mori`` stays as published.
+    """
     plan = TierPlan(view)
     for worker_id in list(plan.by_worker):
-        _plan_worker(plan, worker_id, promote_waiting)
+        _plan_worker(plan, worker_id, promote_waiting, per_token)
     return plan
 
 
-def _plan_worker(plan: TierPlan, worker_id: str, promote_waiting: bool) -> None:
+def _plan_worker(plan: TierPlan, worker_id: str, promote_waiting: bool, per_token: bool) -> None:
     worker = plan.view.workers[worker_id]
     programs = plan.by_worker[worker_id]
     tiers, iota, weight = plan.tiers, plan.iota, plan.weight
@@ -88,7 +95,8 @@ def _plan_worker(plan: TierPlan, worker_id: str, promote_waiting: bool) -> None:
             plan.demote(p, worker)
 
     over = plan.used(worker_id, Tier.GPU, lazy=False) - worker.gpu_tokens
-    gpu = sorted((p for p in programs if tiers[p.program_id] is Tier.GPU), key=lambda p: -iota(p))
+    rank = (lambda p: -iota(p) / weight(p)) if per_token else (lambda p: -iota(p))
+    gpu = sorted((p for p in programs if tiers[p.program_id] is Tier.GPU), key=rank)
     for p in gpu:
         if over <= 0:
             break

@@ -1,6 +1,7 @@
 """maitred: MORI's tiers, TAO's placement and readiness, LOCAL's pre-prefill, composed.
 
-1. Tiering (MORI) per worker, by relative idleness; dropped programs are left to step 2.
+1. Tiering (MORI) per worker, by relative idleness, demoting in order of idleness per token
+   (cheaper-to-restore programs first among the idle); dropped programs are left to step 2.
 2. Placement (TAO) of the waiting pool — new, dropped, and returning programs that no longer
    fit at home — by the exact DP over (cache credit, readiness, tokens), BFD past its budget.
 3. Pre-prefill (LOCAL + TAO): warm the consumers of handoffs and the programs about to return
@@ -22,7 +23,7 @@ class Maitred:
         self.preprefill = preprefill
 
     def step(self, view: View) -> Decision:
-        tiers = plan_tiers(view, promote_waiting=False)
+        tiers = plan_tiers(view, promote_waiting=False, per_token=True)
         free = tiers.gpu_free()
         candidates, reason = candidates_for_placement(view, tiers.tiers, free)
         placement = place(view, candidates, free, reason=reason)
