@@ -77,6 +77,11 @@ def test_memory_pressure_separates_policies_and_stays_below_the_physical_limit(s
     assert max(results.values()) > 1.05 * min(results.values())
 
 
+def test_a_gpu_too_small_for_the_longest_step_is_a_clear_error(small_trace):
+    with pytest.raises(ValueError, match="gpu_tokens: 1,000 per worker cannot hold the trace's longest step"):
+        run(small_trace, "maitred", gpu_tokens=1_000)
+
+
 def test_engine_hits_loads_and_recomputes_as_memory_allows():
     """12,000 GPU tokens. p caches 10,000 tokens; q then needs 9,100, evicting the last 7,100 of
     p's (the tail goes first, so 2,900 of p's prefix stay). When p returns with a 10,000-token

@@ -126,6 +126,10 @@ class Replay:
         self.rng = random.Random(cfg.seed)
         gpu = UNLIMITED_TOKENS if self.unlimited else (cfg.gpu_tokens or profile.gpu_kv_tokens)
         host = int(gpu * cfg.cpu_ratio) if self.sim.offload else 0
+        longest = max(s.input_tokens + s.output_tokens for p in self.trace.programs for s in p.steps)
+        if longest > gpu:
+            raise ValueError(f"gpu_tokens: {gpu:,} per worker cannot hold the trace's longest step "
+                             f"({longest:,} tokens of prompt and output); raise --gpu-tokens or use another profile")
         self.gpu_tokens = gpu
         self.workers = {
             f"w{i}": Worker(f"w{i}", profile, gpu, host, offload=self.sim.offload, typed_eviction=self.sim.typed)
