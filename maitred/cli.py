@@ -170,20 +170,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _csv(kind: Callable[[str], Any], name: str, allowed: Sequence[str] | None = None) -> Callable[[str], tuple]:
+def _csv(kind: Callable[[str], Any], allowed: Sequence[str] | None = None) -> Callable[[str], tuple]:
+    """A comma-separated flag value (argparse names the flag in its error)."""
     def parse(text: str) -> tuple:
         items = [t.strip() for t in text.split(",") if t.strip()]
         if not items:
-            raise argparse.ArgumentTypeError(f"{name}: give at least one value")
+            raise argparse.ArgumentTypeError("give at least one value")
         try:
             values = tuple(kind(t) for t in items)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name}: {text!r} is not a comma-separated list of {kind.__name__}") from None
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {kind.__name__}") from None
         unknown = [v for v in values if allowed is not None and v not in allowed]
         if unknown:
-            raise argparse.ArgumentTypeError(f"{name}: unknown {', '.join(map(str, unknown))}; choose from {', '.join(allowed)}")
-        if kind is not str and any(v <= 0 for v in values if kind is int) or any(v < 0 for v in values if kind is float):
-            raise argparse.ArgumentTypeError(f"{name}: values must be positive")
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(map(str, unknown))}; choose from {', '.join(allowed)}")
+        if kind is int and min(values) <= 0 or kind is float and min(values) < 0:
+            raise argparse.ArgumentTypeError(f"values must be {'positive' if kind is int else 'non-negative'}")
         return values
     return parse
 
@@ -269,10 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("replay", cmd_bench_replay, "replay a trace against every policy on simulated workers", bench)
     p.add_argument("--trace", required=True, help="SWE-agent folder, TraceLab or maitred JSONL, or synthetic:claude-code[?options]")
-    p.add_argument("--policy", type=_csv(str, "--policy", list(SIM_POLICIES)), default=tuple(SIM_POLICIES),
+    p.add_argument("--policy", type=_csv(str, list(SIM_POLICIES)), default=tuple(SIM_POLICIES),
                    help=f"comma-separated (default: all of {','.join(SIM_POLICIES)})")
-    p.add_argument("--concurrency", type=_csv(int, "--concurrency"), default=(20, 50, 80))
-    p.add_argument("--cpu-ratio", type=_csv(float, "--cpu-ratio"), default=(1.0, 2.0), help="host KV memory as a multiple of GPU KV memory")
+    p.add_argument("--concurrency", type=_csv(int), default=(20, 50, 80))
+    p.add_argument("--cpu-ratio", type=_csv(float), default=(1.0, 2.0), help="host KV memory as a multiple of GPU KV memory")
     p.add_argument("--duration", type=float, default=3600.0, help="simulated seconds per run")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=1, help="simulated GPU workers (data-parallel ranks)")

@@ -98,7 +98,7 @@ def _cell(records: Sequence[dict], policy: str, concurrency: int, ratio: float) 
 
 def report_markdown(matrix: Matrix, records: Sequence[dict], command: str) -> str:
     ratios, concs = matrix.cpu_ratios, matrix.concurrencies
-    policies = [p for p in matrix.policies]
+    policies = list(matrix.policies)
     lines = [f"# Replay: {matrix.trace}", "", f"Command: `{command}`", "",
              f"{matrix.duration_s:.0f} simulated seconds per run, seed {matrix.seed}, {matrix.workers} worker(s).", ""]
     for title, key, fmt in (("Throughput (output tokens/s)", "throughput_tok_s", "{:.0f}"),
