@@ -12,7 +12,17 @@ The names here are the public instrumentation API (SPEC section 5)::
 """
 
 from maitred.middleware import (
-    EmitterSettings, agent, configure, flush, handoff, llm_call, program, shutdown, stats, tool, tool_call,
+    EmitterSettings,
+    agent,
+    configure,
+    flush,
+    handoff,
+    llm_call,
+    program,
+    shutdown,
+    stats,
+    tool,
+    tool_call,
 )
 
 __version__ = "0.1.0"

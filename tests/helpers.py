@@ -38,7 +38,7 @@ class EventServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (stdlib name)
+            def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", 0))
                 body = self.rfile.read(length)
                 server.requests += 1

@@ -4,8 +4,18 @@ import time
 import pytest
 
 from maitred.events import (
-    EVENT_TYPES, EventError, Handoff, LLMEnd, ToolEnd, ToolStart, decode_batch, decode_event, dumps_batch,
-    encode_event, loads_batch, to_otel_attributes,
+    EVENT_TYPES,
+    EventError,
+    Handoff,
+    LLMEnd,
+    ToolEnd,
+    ToolStart,
+    decode_batch,
+    decode_event,
+    dumps_batch,
+    encode_event,
+    loads_batch,
+    to_otel_attributes,
 )
 
 NOW = 1_800_000_000.0

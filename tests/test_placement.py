@@ -8,7 +8,14 @@ from hypothesis import strategies as st
 
 from maitred.runtime import Phase, Scheduler, Tier
 from maitred.runtime.placement import (
-    Item, applicable_prefix, objective, place, plan_items, signature, solve_bfd, solve_dp,
+    Item,
+    applicable_prefix,
+    objective,
+    place,
+    plan_items,
+    signature,
+    solve_bfd,
+    solve_dp,
 )
 from tests.runtime_helpers import NOW, program, state
 
@@ -51,7 +58,7 @@ def brute_force(items: list[Item], caps: list[int]) -> tuple[int, int, int]:
                 ok = False
                 break
             load[b] += item.weight
-        if ok and all(l <= c for l, c in zip(load, caps)):
+        if ok and all(used <= c for used, c in zip(load, caps)):
             best = max(best, objective(items, list(plan)))
     return best
 
@@ -62,7 +69,7 @@ def feasible(items: list[Item], caps: list[int], plan) -> bool:
         if b is not None:
             assert item.values[b] is not None
             load[b] += item.weight
-    return all(l <= c for l, c in zip(load, caps))
+    return all(used <= c for used, c in zip(load, caps))
 
 
 @settings(max_examples=150, deadline=None)

@@ -11,13 +11,30 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from maitred.events import (
-    AdapterPublish, Event, Handoff, LLMEnd, LLMStart, ProgramEnd, ProgramResume, ProgramStart, ProgramWait,
-    ToolEnd, ToolProgress, ToolStart,
+    AdapterPublish,
+    Event,
+    Handoff,
+    LLMEnd,
+    LLMStart,
+    ProgramEnd,
+    ProgramResume,
+    ProgramStart,
+    ProgramWait,
+    ToolEnd,
+    ToolProgress,
+    ToolStart,
 )
 from maitred.runtime.decisions import Decision
 from maitred.runtime.history import PredictionLog, StatsRow, ToolHistory
 from maitred.runtime.model import (
-    OpenTool, PendingHandoff, Phase, ProgramState, Residency, SignalConfig, Tier, WorkerState,
+    OpenTool,
+    PendingHandoff,
+    Phase,
+    ProgramState,
+    Residency,
+    SignalConfig,
+    Tier,
+    WorkerState,
 )
 from maitred.runtime.signals import Readiness, idleness, predict_end, readiness
 

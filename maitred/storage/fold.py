@@ -6,13 +6,23 @@ merged here, so each table receives a single upsert per key per batch — Postgr
 """
 
 import hashlib
-import orjson
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from maitred.events import (
-    Event, Handoff, LLMEnd, LLMStart, ProgramEnd, ProgramStart, ToolEnd, ToolProgress, ToolStart, encode_event,
+    Event,
+    Handoff,
+    LLMEnd,
+    LLMStart,
+    ProgramEnd,
+    ProgramStart,
+    ToolEnd,
+    ToolProgress,
+    ToolStart,
+    encode_event,
 )
 
 PROGRAM_COLUMNS = ("program_id", "parent_program_id", "agent", "framework", "started_at", "ended_at", "status", "attrs")

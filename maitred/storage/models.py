@@ -6,8 +6,7 @@ the query-friendly views of it, upserted in the same transaction. The Alembic mi
 ``migrations/`` create exactly this (a test compares them).
 """
 
-from sqlalchemy import BigInteger, Boolean, Double, Index, Integer, MetaData, String, Text, UniqueConstraint
-from sqlalchemy import func
+from sqlalchemy import BigInteger, Boolean, Double, Index, Integer, MetaData, String, Text, UniqueConstraint, func
 from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 

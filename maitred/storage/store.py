@@ -15,8 +15,15 @@ from maitred.storage.fold import fold
 from maitred.storage.migrate import upgrade
 from maitred.storage.models import EventRow, HandoffRow, LLMCallRow, ProgramRow, ToolCallRow
 from maitred.storage.queries import (
-    ProgramSummary, ProgramTimeline, Since, ToolStats, program_summaries, program_timeline, to_epoch,
-    tool_stats_all, tool_stats_one,
+    ProgramSummary,
+    ProgramTimeline,
+    Since,
+    ToolStats,
+    program_summaries,
+    program_timeline,
+    to_epoch,
+    tool_stats_all,
+    tool_stats_one,
 )
 from maitred.storage.trace import write_trace
 
