@@ -31,6 +31,13 @@ class Item:
     weight: int
     values: tuple[Value | None, ...]
 
+    def on(self, b: int) -> Value:
+        """The value on a worker the plan chose, where the item is eligible by construction."""
+        value = self.values[b]
+        if value is None:
+            raise ValueError(f"{self.key} is not eligible on worker {b}")
+        return value
+
 
 def solve_dp(items: list[Item], capacities: list[int], *, quanta: int, state_budget: int) -> list[int | None] | None:
     """Exact lexicographic optimum over the discretised capacities: the worker index chosen
@@ -94,7 +101,7 @@ def solve_bfd(items: list[Item], capacities: list[int]) -> list[int | None]:
         item = items[j]
         fitting = [b for b, v in enumerate(item.values) if v is not None and item.weight <= free[b]]
         if fitting:
-            b = min(fitting, key=lambda b: (free[b] - item.weight, tuple(-x for x in item.values[b])))
+            b = min(fitting, key=lambda b: (free[b] - item.weight, tuple(-x for x in item.on(b))))
             plan[j] = b
             free[b] -= item.weight
     return plan
@@ -134,7 +141,7 @@ def objective(items: list[Item], plan: list[int | None]) -> Value:
     total = [0] * width
     for item, b in zip(items, plan):
         if b is not None:
-            for i, x in enumerate(item.values[b]):
+            for i, x in enumerate(item.on(b)):
                 total[i] += x
     return tuple(total)
 
@@ -174,7 +181,7 @@ def place(view: View, candidates: list[ProgramState], free: dict[str, int], *, r
     plan, fallback = plan_items(items, capacities, cfg.dp_quanta, cfg.dp_state_budget)
     by_id = {p.program_id: p for p in candidates}
     # Highest value first, so that applying a prefix of the plan keeps the most valuable part.
-    chosen = sorted(((items[j], b) for j, b in enumerate(plan) if b is not None), key=lambda ib: ib[0].values[ib[1]], reverse=True)
+    chosen = sorted(((items[j], b) for j, b in enumerate(plan) if b is not None), key=lambda ib: ib[0].on(ib[1]), reverse=True)
     assignments = tuple(
         Assignment(item.key, worker_ids[b], (reason or {}).get(item.key, "waiting"), signature(by_id[item.key]))
         for item, b in chosen

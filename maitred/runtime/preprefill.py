@@ -28,7 +28,7 @@ def propose(view: View, assignments: tuple[Assignment, ...]) -> list[Warmup]:
         tokens = prefix + h.context_tokens
         # Cache under another agent's prompt prefix is not a prefix of the consumer's prompt.
         same_prefix = consumer is not None and consumer.agent == h.to_agent
-        have = cache_credit(consumer, worker, view.now, cfg.credit_half_life_s, versions) if same_prefix else 0
+        have = cache_credit(consumer, worker, view.now, cfg.credit_half_life_s, versions) if consumer is not None and same_prefix else 0
         missing = tokens - have
         confidence = 1.0 if h.expected_prompt_tokens is not None else 0.5
         priority = preprefill_priority(missing, consumers=h.consumers, confidence=confidence, heat=1.0, cfg=cfg)

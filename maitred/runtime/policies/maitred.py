@@ -8,7 +8,7 @@
    whose KV is not on their worker's GPU, on workers with no foreground queue.
 """
 
-from maitred.runtime.decisions import Decision
+from maitred.runtime.decisions import Decision, Warmup
 from maitred.runtime.placement import candidates_for_placement, place
 from maitred.runtime.policies.base import finish
 from maitred.runtime.preprefill import admit, propose
@@ -27,7 +27,7 @@ class Maitred:
         free = tiers.gpu_free()
         candidates, reason = candidates_for_placement(view, tiers.tiers, free)
         placement = place(view, candidates, free, reason=reason)
-        warmups = ()
+        warmups: tuple[Warmup, ...] = ()
         if self.preprefill:
             left = dict(free)
             for a in placement.assignments:
