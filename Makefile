@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench replay clean
+.PHONY: demo test lint bench replay clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/maitred demo
 
-test: $(STAMP)
+# The gates run first: a lint or type error fails `make test` like a failing test does.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: lint
 	$(BIN)/pytest -q
 
 bench: $(STAMP)
