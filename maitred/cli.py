@@ -26,7 +26,11 @@ console = Console()
 
 
 class CliError(Exception):
-    """A failure worth one line to the user, not a traceback."""
+    """A failure worth one line to the user, not a traceback (exit status 1)."""
+
+
+class UsageError(CliError):
+    """A flag value refused after parsing, e.g. a path that must not be touched (exit status 2)."""
 
 
 def _since(text: str) -> float:
@@ -151,9 +155,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from maitred.demo import fresh_sqlite, run_demo
+    from maitred.demo import NotADemoDatabase, fresh_sqlite, run_demo
 
-    db_url = fresh_sqlite(Path(args.db_file))
+    try:
+        db_url = fresh_sqlite(Path(args.db_file))
+    except NotADemoDatabase as exc:
+        raise UsageError(f"--db-file: {exc}") from None
     console.print(f"running {args.programs} instrumented agent programs into {db_url} ...")
     run_demo(db_url, programs=args.programs, seed=args.seed)
     args.db = db_url
@@ -297,6 +304,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except UsageError as exc:
+        sys.stderr.write(f"maitred: error: {exc}\n")
+        return 2
     except (CliError, TraceError, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 1

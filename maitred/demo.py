@@ -7,6 +7,7 @@ table printed at the end has the heavy tail that agent tool calls show in practi
 """
 
 import random
+import sqlite3
 import threading
 import time
 from contextvars import copy_context
@@ -81,7 +82,49 @@ def run_demo(db_url: str, *, programs: int = 6, seed: int = 0) -> None:
         raise RuntimeError(f"demo events were not all stored: {maitred.stats()}")
 
 
+# SQLite's header field for "which application owns this file" (bytes 68-71, big-endian); the demo
+# stamps its databases with it so that ``--db-file`` can never delete a history it did not make.
+DEMO_APPLICATION_ID = int.from_bytes(b"mdmo", "big")
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+class NotADemoDatabase(Exception):
+    """The file exists and was not made by ``maitred demo``, so it must not be replaced."""
+
+
+def is_demo_database(path: Path) -> bool:
+    """True if ``path`` is a SQLite file stamped by the demo. Reads the header bytes only: it
+    never opens, creates or modifies the file."""
+    try:
+        with path.open("rb") as f:
+            header = f.read(72)
+    except OSError:
+        return False
+    return (len(header) == 72 and header.startswith(_SQLITE_MAGIC)
+            and int.from_bytes(header[68:72], "big") == DEMO_APPLICATION_ID)
+
+
+def check_demo_target(path: Path) -> None:
+    """Refuse a ``--db-file`` that holds anything but an earlier demo database; a missing file is fine."""
+    if (path.exists() or path.is_symlink()) and not is_demo_database(path):
+        raise NotADemoDatabase(
+            f"{path} exists and is not a maitred demo database; refusing to overwrite it "
+            "(choose another --db-file, or delete it yourself)"
+        )
+
+
 def fresh_sqlite(path: Path) -> str:
+    """Recreate ``path`` as an empty, demo-stamped SQLite file and return its URL.
+
+    Raises ``NotADemoDatabase`` (deleting nothing) if the file exists and is not the demo's. The
+    stamp is written before any event, so a demo that dies half-way can still be rerun."""
+    check_demo_target(path)
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute(f"PRAGMA application_id = {DEMO_APPLICATION_ID}")
+        conn.commit()
+    finally:
+        conn.close()
     return f"sqlite:///{path}"
