@@ -1,17 +1,28 @@
 """One scheduler step: signals → policy → decision applied to the state.
 
-The live runtime calls ``tick`` on events and every period; the simulator calls the very same
-thing with simulated time. A policy that raises degrades to plain routing for that step (every
-program admitted where it is; homeless ones round-robin) instead of losing requests.
+The simulator calls ``tick``, which plans on the live state and applies at once (one thread:
+nothing changes in between). The gateway splits the step: ``plan`` runs the policy on a
+``Snapshot`` in a worker thread while requests keep changing the live state, and ``apply``
+re-checks the plan against the live state before it takes effect (TAO's plan re-check). A
+policy that raises degrades to plain routing for that step (every program admitted where it
+is; homeless ones round-robin) instead of losing requests.
 """
 
 import logging
+from dataclasses import replace
 
-from maitred.runtime.decisions import Decision
+from maitred.runtime.decisions import Decision, TierMove
+from maitred.runtime.model import Tier
+from maitred.runtime.placement import applicable_prefix
 from maitred.runtime.policies import Policy, RoundRobin, make_policy
-from maitred.runtime.state import RuntimeState
+from maitred.runtime.state import RuntimeState, View
 
 log = logging.getLogger("maitred.runtime")
+
+#: Budget given to a worker on which the plan itself did not keep within free memory (a policy
+#: without admission control, such as round robin): the re-check holds no plan to a budget it
+#: never had.
+UNBUDGETED = 1 << 62
 
 
 class Scheduler:
@@ -23,18 +34,77 @@ class Scheduler:
         self.failures = 0
         self.dp_fallbacks = 0
         self.dp_steps = 0
+        self.voided = 0   # planned assignments dropped by the re-check
 
     def tick(self, now: float) -> Decision:
-        view = self.state.view(now)
+        decision = self.plan(self.state.view(now))
+        self.state.apply_decision(decision)
+        return decision
+
+    def plan(self, view: View) -> Decision:
+        """The policy's decision on ``view``; the plain-routing one if the policy raises.
+        Touches no live state, so it may run in another thread."""
         try:
             decision = self.policy.step(view)
         except Exception:
             self.failures += 1
             log.exception("maitred: policy %s failed; routing plainly this step", self.policy.name)
             decision = self._fallback.step(view)
-        self.state.apply_decision(decision)
         self.steps += 1
         if decision.dp_fallback is not None:
             self.dp_steps += 1
             self.dp_fallbacks += decision.dp_fallback
         return decision
+
+    def apply(self, decision: Decision, planned: View) -> Decision:
+        """Apply the part of ``decision`` (made on the snapshot ``planned``) that still holds
+        in the live state, and return that part.
+
+        Tier moves stand while their program is still where the plan saw it. Assignments are
+        cut at the first one whose program changed, left, or no longer fits its worker's live
+        free memory (``applicable_prefix``). Warmups stand while their worker is healthy."""
+        live = self.state.programs
+        moves = tuple(m for m in decision.tier_moves if _still_valid(m, self.state))
+        self.state.apply_decision(replace(decision, tier_moves=moves, assignments=()))
+        now_view = View(now=planned.now, programs=live, workers=self.state.workers, signals={},
+                        adapter_versions=self.state.adapter_versions, handoffs=(),
+                        agent_prefix_tokens=self.state.agent_prefix_tokens, cfg=self.state.cfg)
+        budget = _budgets(decision, planned, self.state)
+        assignments = applicable_prefix(decision.assignments, now_view, budget)
+        self.voided += len(decision.assignments) - len(assignments)
+        self.state.apply_decision(replace(decision, tier_moves=(), assignments=assignments))
+        healthy = {w for w, s in self.state.workers.items() if s.healthy}
+        warmups = tuple(w for w in decision.warmups if w.worker in healthy and w.program_id in live)
+        kept = {a.program_id for a in assignments}
+        dropped = {a.program_id for a in decision.assignments} - kept
+        admitted = frozenset(pid for pid in decision.admitted - dropped if pid in live and live[pid].home_worker is not None)
+        return replace(decision, tier_moves=moves, assignments=assignments, warmups=warmups, admitted=admitted,
+                       held=decision.held | dropped)
+
+
+def _still_valid(move: TierMove, state: RuntimeState) -> bool:
+    p = state.programs.get(move.program_id)
+    return p is not None and p.home_worker == move.worker and (move.lazy or p.tier is move.src)
+
+
+def _budgets(decision: Decision, planned: View, state: RuntimeState) -> dict[str, int]:
+    """Live free GPU tokens per healthy worker; unbounded where the plan did not budget (it
+    assigned more than the room its own tier moves left on the snapshot)."""
+    reserve = planned.cfg.reserve_tokens
+    planned_free = {w.worker_id: w.gpu_tokens for w in planned.healthy_workers()}
+    tiers = {pid: p.tier for pid, p in planned.programs.items()}
+    for m in decision.tier_moves:
+        if not m.lazy and m.program_id in tiers:
+            tiers[m.program_id] = m.dst
+    for p in planned.programs.values():
+        if tiers[p.program_id] is Tier.GPU and p.home_worker in planned_free:
+            planned_free[p.home_worker] -= p.weight(reserve)
+    asked: dict[str, int] = {}
+    for a in decision.assignments:
+        if a.program_id in planned.programs:
+            asked[a.worker] = asked.get(a.worker, 0) + planned.programs[a.program_id].weight(reserve)
+    used = state.gpu_used()
+    return {
+        w: (UNBUDGETED if asked.get(w, 0) > planned_free.get(w, 0) else s.gpu_tokens - used[w])
+        for w, s in state.workers.items() if s.healthy
+    }

@@ -5,10 +5,19 @@ signals need (phase time for idleness, the open tool call for readiness, residen
 credit, pending handoffs for pre-prefill); ``apply_decision`` records what the scheduler did
 (tiers, homes). ``view(now)`` hands the policies a read-only snapshot with the signals computed
 once. Time comes from the events and from ``now`` arguments, never from a clock.
+
+``snapshot()`` hands out a private copy instead, for a policy step that runs in another thread
+while the live state keeps changing (the gateway). It is kept cheap by copy-on-write: every
+program touched since the previous snapshot is copied once, the others are shared with it (a
+copy is never mutated after it is made), so a snapshot of 10,000 programs of which a handful
+changed costs a handful of copies and one dict copy.
 """
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Any
 
 from maitred.events import (
     AdapterPublish,
@@ -25,7 +34,7 @@ from maitred.events import (
     ToolStart,
 )
 from maitred.runtime.decisions import Decision
-from maitred.runtime.history import PredictionLog, StatsRow, ToolHistory
+from maitred.runtime.history import DurationStats, PredictionLog, StatsRow, ToolHistory
 from maitred.runtime.model import (
     OpenTool,
     PendingHandoff,
@@ -66,17 +75,94 @@ class View:
         return [w for w in self.workers.values() if w.healthy]
 
 
+def compute_signals(programs: Mapping[str, ProgramState], history: ToolHistory, now: float, cfg: SignalConfig,
+                    use_signature: bool) -> dict[str, ProgramSignals]:
+    k = cfg.idleness_cycles
+    return {
+        pid: ProgramSignals(idleness(p, now, k), readiness(p, history, now, cfg, use_signature=use_signature))
+        for pid, p in programs.items()
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A private copy of the state at one moment. ``view(now)`` computes the signals on it, so
+    the whole policy step — signals included — can run in another thread."""
+
+    programs: Mapping[str, ProgramState]
+    workers: Mapping[str, WorkerState]
+    history: ToolHistory
+    adapter_versions: Mapping[str, str]
+    handoffs: tuple[PendingHandoff, ...]
+    agent_prefix_tokens: Mapping[str, int]
+    cfg: SignalConfig
+    use_signature: bool
+
+    def view(self, now: float) -> View:
+        return View(
+            now=now, programs=self.programs, workers=self.workers,
+            signals=compute_signals(self.programs, self.history, now, self.cfg, self.use_signature),
+            adapter_versions=self.adapter_versions, handoffs=self.handoffs,
+            agent_prefix_tokens=self.agent_prefix_tokens, cfg=self.cfg,
+        )
+
+
+def _copy_program(p: ProgramState) -> ProgramState:
+    """A copy no later change of ``p`` reaches (residency entries are replaced, never mutated)."""
+    return replace(p, tool=replace(p.tool) if p.tool is not None else None, residency=dict(p.residency),
+                   cycles=deque(p.cycles, maxlen=p.cycles.maxlen))
+
+
+def _copy_stats(s: DurationStats) -> DurationStats:
+    return DurationStats(n=s.n, mean=s.mean, m2=s.m2, lo=s.lo, hi=s.hi, recent=deque(s.recent, maxlen=s.recent.maxlen))
+
+
+def _copy_history(h: ToolHistory) -> ToolHistory:
+    out = ToolHistory()
+    out.by_signature = {k: _copy_stats(v) for k, v in h.by_signature.items()}
+    out.by_tool = {k: _copy_stats(v) for k, v in h.by_tool.items()}
+    out.overall = _copy_stats(h.overall)
+    return out
+
+
+class _Programs(dict[str, ProgramState]):
+    """The live program table; remembers which ids were added or removed since the last
+    snapshot, also when a caller (a test) fills it directly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dirty: set[str] = set()
+
+    def __setitem__(self, key: str, value: ProgramState) -> None:
+        self.dirty.add(key)
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.dirty.add(key)
+        super().__delitem__(key)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self.dirty.add(key)
+        return super().pop(key, *default)
+
+
 class RuntimeState:
     def __init__(self, workers: Iterable[WorkerState] = (), cfg: SignalConfig | None = None, *, use_signature: bool = True) -> None:
         self.cfg = cfg or SignalConfig()
         self.use_signature = use_signature
-        self.programs: dict[str, ProgramState] = {}
+        self.programs: _Programs = _Programs()
         self.workers: dict[str, WorkerState] = {w.worker_id: w for w in workers}
         self.history = ToolHistory()
         self.predictions = PredictionLog()
         self.adapter_versions: dict[str, str] = {}
         self.handoffs: list[PendingHandoff] = []
         self.agent_prefix_tokens: dict[str, int] = {}
+        self._copies: dict[str, ProgramState] = {}
+        self._history_copy: ToolHistory | None = None
+
+    def touch(self, program_id: str) -> None:
+        """Mark a program changed, so the next snapshot copies it again."""
+        self.programs.dirty.add(program_id)
 
     # -- workers ------------------------------------------------------------------------------
 
@@ -94,9 +180,22 @@ class RuntimeState:
             if p.home_worker == worker_id:
                 p.home_worker, p.tier, p.lazy_demote = None, Tier.WAITING, False
                 p.residency = {k: v for k, v in p.residency.items() if k[0] != worker_id}
+                self.touch(p.program_id)
+
+    def observe_worker(self, worker_id: str, *, queued_requests: int | None = None, used_tokens: int | None = None,
+                       warmups_in_flight: int | None = None) -> None:
+        """What the engine reports of its own load (SGLang ``/v1/loads``); None leaves a field as is."""
+        w = self.workers[worker_id]
+        if queued_requests is not None:
+            w.queued_requests = queued_requests
+        if used_tokens is not None:
+            w.used_tokens = used_tokens
+        if warmups_in_flight is not None:
+            w.warmups_in_flight = warmups_in_flight
 
     def seed_history(self, rows: Iterable[StatsRow], *, signatures: bool = False) -> None:
         self.history.seed(rows, signatures=signatures)
+        self._history_copy = None
 
     # -- events -------------------------------------------------------------------------------
 
@@ -121,6 +220,7 @@ class RuntimeState:
     def apply(self, event: Event) -> None:
         handler = _HANDLERS.get(type(event))
         if handler is not None:
+            self.touch(event.program_id)
             handler(self, event)
 
     def _program_start(self, e: ProgramStart) -> None:
@@ -181,6 +281,7 @@ class RuntimeState:
         if predicted is not None:
             self.predictions.record(predicted, tool.started + duration)
         self.history.record(tool.tool, tool.signature, duration)
+        self._history_copy = None
         tool.ended_at = end_ts
         p.returned = True
 
@@ -190,9 +291,9 @@ class RuntimeState:
             tokens = sum(len(str(m.get("content", ""))) for m in e.messages) // CHARS_PER_TOKEN
         expected = len(e.expected_prompt) // CHARS_PER_TOKEN if e.expected_prompt else None
         target = e.child_program_id or e.program_id
-        for h in self.handoffs:
+        for i, h in enumerate(self.handoffs):
             if h.program_id == target and h.to_agent == e.to_agent:
-                h.consumers += 1
+                self.handoffs[i] = replace(h, consumers=h.consumers + 1)
                 return
         self.handoffs.append(PendingHandoff(target, e.to_agent, tokens or 0, e.ts, expected))
         self.handoffs = [h for h in self.handoffs if e.ts - h.ts <= HANDOFF_TTL_S]
@@ -212,6 +313,7 @@ class RuntimeState:
         for p in self.programs.values():
             if p.adapter == e.adapter:
                 p.adapter_version = e.version
+                self.touch(p.program_id)
 
     # -- gateway-side facts -------------------------------------------------------------------
 
@@ -227,6 +329,35 @@ class RuntimeState:
             p.adapter_version = self.adapter_versions.get(adapter)
         return p
 
+    def gpu_used(self) -> dict[str, int]:
+        """GPU-tier tokens (with the admission reserve) planned on each worker."""
+        used = dict.fromkeys(self.workers, 0)
+        reserve = self.cfg.reserve_tokens
+        for p in self.programs.values():
+            if p.tier is Tier.GPU and p.home_worker in used:
+                used[p.home_worker] += p.weight(reserve)
+        return used
+
+    def admit_now(self, program_id: str) -> str | None:
+        """The worker a request of ``program_id`` may go to right now, or None (hold it).
+
+        A program in the GPU tier of a healthy home goes at once; one whose KV is in host memory
+        or dropped goes back to the GPU of its home at once when it fits there (no wait for the
+        next step: holding costs time to first token at low load). A program without a usable
+        home waits for the next step, which places it."""
+        p = self.programs.get(program_id)
+        if p is None or p.home_worker is None:
+            return None
+        worker = self.workers.get(p.home_worker)
+        if worker is None or not worker.healthy:
+            return None
+        if p.tier is not Tier.GPU:
+            if p.weight(self.cfg.reserve_tokens) > worker.gpu_tokens - self.gpu_used()[worker.worker_id]:
+                return None
+            p.tier, p.lazy_demote = Tier.GPU, False
+            self.touch(program_id)
+        return worker.worker_id
+
     def force_admit(self, program_id: str, worker_id: str) -> None:
         """The gateway let a held request through after its bounded wait (no request waits
         forever). Record that the program now occupies the GPU of ``worker_id``, so the next
@@ -234,6 +365,7 @@ class RuntimeState:
         p = self.programs.get(program_id)
         if p is not None:
             p.home_worker, p.tier, p.lazy_demote = worker_id, Tier.GPU, False
+            self.touch(program_id)
 
     # -- decisions ----------------------------------------------------------------------------
 
@@ -242,6 +374,7 @@ class RuntimeState:
             p = self.programs.get(move.program_id)
             if p is None:
                 continue
+            self.touch(move.program_id)
             if move.lazy:
                 p.lazy_demote = True
             else:
@@ -250,25 +383,43 @@ class RuntimeState:
             p = self.programs.get(a.program_id)
             if p is not None:
                 p.home_worker, p.tier, p.lazy_demote = a.worker, Tier.GPU, False
+                self.touch(a.program_id)
 
     # -- snapshot -----------------------------------------------------------------------------
 
     def signals(self, now: float) -> dict[str, ProgramSignals]:
-        k = self.cfg.idleness_cycles
-        return {
-            pid: ProgramSignals(idleness(p, now, k), readiness(p, self.history, now, self.cfg, use_signature=self.use_signature))
-            for pid, p in self.programs.items()
-        }
+        return compute_signals(self.programs, self.history, now, self.cfg, self.use_signature)
 
     def view(self, now: float) -> View:
+        """The live state as a view: for a caller that plans and applies in one thread (the
+        simulator), where nothing can change in between."""
         return View(
             now=now, programs=self.programs, workers=self.workers, signals=self.signals(now),
             adapter_versions=self.adapter_versions, handoffs=tuple(self.handoffs),
             agent_prefix_tokens=self.agent_prefix_tokens, cfg=self.cfg,
         )
 
+    def snapshot(self) -> Snapshot:
+        """A private copy for a policy step in another thread (see the module docstring)."""
+        dirty = self.programs.dirty
+        for pid in dirty:
+            p = self.programs.get(pid)
+            if p is None:
+                self._copies.pop(pid, None)
+            else:
+                self._copies[pid] = _copy_program(p)
+        dirty.clear()
+        if self._history_copy is None:
+            self._history_copy = _copy_history(self.history)
+        return Snapshot(
+            programs=MappingProxyType(dict(self._copies)), workers=MappingProxyType({k: replace(w) for k, w in self.workers.items()}),
+            history=self._history_copy, adapter_versions=MappingProxyType(dict(self.adapter_versions)),
+            handoffs=tuple(self.handoffs), agent_prefix_tokens=MappingProxyType(dict(self.agent_prefix_tokens)),
+            cfg=self.cfg, use_signature=self.use_signature,
+        )
 
-_HANDLERS = {
+
+_HANDLERS: dict[type[Event], Callable[[RuntimeState, Any], None]] = {
     ProgramStart: RuntimeState._program_start,
     ProgramEnd: RuntimeState._program_end,
     LLMStart: RuntimeState._llm_start,

@@ -5,11 +5,14 @@ mutate the view; everything they decide is in the returned ``Decision``.
 """
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from maitred.runtime.decisions import Assignment, Decision, TierMove, Warmup
 from maitred.runtime.model import Phase, ProgramState, Tier
 from maitred.runtime.state import View
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsRichComparison
 
 
 class Policy(Protocol):
@@ -19,7 +22,7 @@ class Policy(Protocol):
 
 
 def pause_until_fits(
-    view: View, order: Callable[[ProgramState, str], object],
+    view: View, order: "Callable[[ProgramState, str], SupportsRichComparison]",
 ) -> tuple[dict[str, Tier], dict[str, int], list[TierMove]]:
     """Interrupt/pause without a host tier (ThunderAgent, TAO): on each worker over capacity,
     acting GPU programs leave (KV given up) in ``order(program, worker)`` until it fits.
