@@ -4,10 +4,18 @@ import numpy as np
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import func, select
+from sqlalchemy import create_engine, func, select, text
 
-from maitred.events import decode_batch
-from maitred.storage import ALL_TOOLS, SessionStore
+from maitred.events import Handoff, LLMEnd, ProgramStart, ToolEnd, ToolStart, decode_batch
+from maitred.storage import (
+    ALL_TOOLS,
+    DatabaseCorrupt,
+    DatabaseTooNew,
+    NoSuchDatabase,
+    SessionStore,
+    StoreError,
+    normalize_db_url,
+)
 from maitred.storage.models import Base, EventRow, ToolCallRow
 
 T0 = 1_800_000_000.0
@@ -27,7 +35,7 @@ def tool_events(program: str, tool: str, durations, *, start=T0, agent="a", sign
 def write(store: SessionStore, raw: list[dict]) -> int:
     batch = decode_batch(raw, now=T0 + 10**6)
     assert not batch.rejected, batch.rejected
-    return store.write(batch.events)
+    return store.write(batch.events).stored
 
 
 @pytest.fixture
@@ -164,3 +172,119 @@ def test_export_trace_writes_the_documented_format(store, tmp_path):
     assert p["handoffs"][0]["to_agent"] == "coder" and p["handoffs"][0]["context_tokens"] == 520
     assert programs[1]["parent_program_id"] == "p"
     assert store.export_trace(tmp_path / "later.jsonl", since=T0 + 50) == 1
+
+
+def deeply_nested(levels: int) -> dict:
+    root: dict = {}
+    node = root
+    for _ in range(levels):
+        node["x"] = {}
+        node = node["x"]
+    return root
+
+
+def test_events_the_database_refuses_are_rejected_alone_and_the_rest_is_stored(store, db_url):
+    good = [ToolStart(ts=T0 + i, program_id="p", call_id=f"c{i}", tool="grep") for i in range(10)]
+    ends = [ToolEnd(ts=T0 + i + 0.5, program_id="p", call_id=f"c{i}") for i in range(10)]
+    bad = [
+        LLMEnd(ts=T0, program_id="p", request_id="r1", prompt_tokens=10**20, completion_tokens=1),
+        ProgramStart(ts=T0, program_id="q", attrs=deeply_nested(300)),
+        ToolStart(ts=T0, program_id="p", call_id="nul", tool="gr\x00ep"),
+    ]
+    batch = good[:5] + bad + good[5:] + ends
+    result = store.write(batch)
+    refused = {r.index: r for r in result.rejected}
+    assert refused[5].type == "llm.end" and refused[5].reason.startswith("prompt_tokens: out of range for the database")
+    assert refused[6].type == "program.start" and refused[6].reason.startswith("attrs: ")
+    if db_url.startswith("postgresql"):  # SQLite stores a NUL byte; PostgreSQL text cannot hold one
+        assert refused[7].reason.startswith("tool: contains a NUL byte")
+    assert result.stored == len(batch) - len(result.rejected)
+    assert store.tool_stats("grep").n == 10
+    again = store.write(batch)  # a retry of the same batch: same verdicts, nothing twice
+    assert (again.stored, again.rejected) == (result.stored, result.rejected)
+    with store.engine.connect() as conn:
+        assert conn.scalar(select(func.count()).select_from(EventRow)) == result.stored
+
+
+def test_token_counts_beyond_32_bits_are_stored(store):
+    big = 3 * 10**9
+    result = store.write([LLMEnd(ts=T0, program_id="p", request_id="r", prompt_tokens=big, completion_tokens=big + 1),
+                          Handoff(ts=T0, program_id="p", from_agent="a", to_agent="b", context_tokens=2**63 - 1)])
+    assert (result.stored, result.rejected) == (2, [])
+    timeline = store.program("p")
+    (span,) = timeline.spans
+    assert span.detail["prompt_tokens"] == big and timeline.handoffs[0]["context_tokens"] == 2**63 - 1
+
+
+def test_a_plain_path_is_a_sqlite_url_and_anything_else_gets_a_hint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert normalize_db_url("x.db") == f"sqlite:///{tmp_path / 'x.db'}"
+    assert normalize_db_url("./data/x.db") == f"sqlite:///{tmp_path / 'data' / 'x.db'}"
+    assert normalize_db_url("/abs/x.db") == "sqlite:////abs/x.db"
+    assert normalize_db_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
+    assert normalize_db_url("sqlite:///rel.db") == "sqlite:///rel.db"
+    for text in ("", "mysql://u@h/db", "sqlite:x.db", "postgres:/h/db", str(tmp_path)):
+        with pytest.raises(StoreError, match=r"sqlite:///PATH or postgresql\+psycopg://"):
+            normalize_db_url(text)
+    with SessionStore("x.db") as store:
+        assert store.write(tool_events_objects(1)).stored == 2
+    assert (tmp_path / "x.db").exists()
+
+
+def tool_events_objects(n: int) -> list:
+    return [e for i in range(n) for e in (ToolStart(ts=T0 + i, program_id="p", call_id=f"c{i}", tool="t"),
+                                          ToolEnd(ts=T0 + i + 1, program_id="p", call_id=f"c{i}"))]
+
+
+def test_create_false_names_a_missing_database_and_creates_nothing(tmp_path):
+    path = tmp_path / "missing.db"
+    with pytest.raises(NoSuchDatabase, match=f"no such database: {path}$"):
+        SessionStore(str(path), create=False)
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+    with SessionStore(str(path)) as store:
+        store.write(tool_events_objects(2))
+    with SessionStore(str(path), create=False) as store:
+        assert store.tool_stats("t").n == 2
+
+
+def stamp(url: str, revision: str) -> None:
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = :r"), {"r": revision})
+    engine.dispose()
+
+
+def test_a_database_from_a_newer_maitred_is_named_and_stays_readable(db_url):
+    with SessionStore(db_url) as store:
+        store.write(tool_events_objects(3))
+    stamp(db_url, "9f3e1c")
+    with pytest.raises(DatabaseTooNew, match=r"^this database was written by a newer maitred \(revision 9f3e1c\)$") as caught:
+        SessionStore(db_url)
+    assert caught.value.revision == "9f3e1c"
+    with SessionStore(db_url, migrate=False) as store:
+        assert store.tool_stats("t").n == 3
+        assert store.check_integrity() == [f"{store.where}: this database was written by a newer maitred (revision 9f3e1c)"]
+
+
+def test_a_corrupt_sqlite_file_is_named_not_dumped(tmp_path):
+    path = tmp_path / "c.db"
+    with SessionStore(str(path)) as store:
+        store.write(tool_events_objects(2000))
+        assert store.check_integrity() == []
+    data = bytearray(path.read_bytes())
+    quarter = len(data) // 4
+    data[quarter:3 * quarter] = b"\xa5" * (2 * quarter)  # wreck the middle half of the pages
+    path.write_bytes(bytes(data))
+    with SessionStore(str(path), migrate=False) as store:
+        problems = store.check_integrity()
+        assert problems and all(p.startswith(f"{path}: integrity check") for p in problems)
+        with pytest.raises(DatabaseCorrupt, match=f"^database is corrupt: {path} "):
+            store.events()
+    path.write_bytes(b"this is not a database" * 200)
+    with pytest.raises(DatabaseCorrupt, match=f"^database is corrupt: {path} \\(file is not a database\\)$"):
+        SessionStore(str(path))
+
+
+def test_check_integrity_finds_nothing_wrong_with_a_fresh_store(store):
+    store.write(tool_events_objects(5))
+    assert store.check_integrity() == []

@@ -1,34 +1,93 @@
 """Engines for the two supported databases, tuned for an append-heavy event log."""
 
+import re
+from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+from maitred.storage.errors import StoreError
+
+_URL_HINT = "give a file path, sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
+#: ``name:`` or ``name://`` at the start: meant as a URL, never a file name.
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
+#: Connection option: open the next transaction with ``BEGIN IMMEDIATE`` (SQLite's write lock).
+IMMEDIATE = "maitred_begin_immediate"
+
+
+def normalize_db_url(text: str) -> str:
+    """A database URL from what a person typed: a URL is checked and kept, a plain path
+    (``x.db``, ``./data/x.db``, ``/abs/x.db``, ``~/x.db``) becomes ``sqlite:///<absolute path>``.
+
+    ``postgresql://`` and ``postgres://`` mean psycopg 3, the driver maitred ships with."""
+    text = text.strip()
+    if not text:
+        raise StoreError(f"empty database URL: {_URL_HINT}")
+    if "://" not in text:
+        if _SCHEME.match(text):
+            raise StoreError(f"not a database URL or path: {text!r}; {_URL_HINT}")
+        path = Path(text).expanduser()
+        if path.is_dir():
+            raise StoreError(f"database path is a directory: {path.resolve()}; {_URL_HINT}")
+        return f"sqlite:///{path.resolve()}"
+    try:
+        parsed = make_url(text)
+    except ArgumentError:
+        raise StoreError(f"not a database URL: {text!r}; {_URL_HINT}") from None
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    backend = parsed.get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        raise StoreError(f"unsupported database {backend!r} in {parsed.render_as_string(hide_password=True)}; {_URL_HINT}")
+    return parsed.render_as_string(hide_password=False)
+
+
+def sqlite_path(url: str | URL) -> Path | None:
+    """The file behind a SQLite URL; None for PostgreSQL and in-memory SQLite."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    if parsed.query.get("mode") == "memory":
+        return None
+    database = parsed.database
+    if database.startswith("file:"):  # an SQLite URI filename (``?uri=true``)
+        database = database[5:].split("?", 1)[0]
+    return Path(database)
 
 
 def make_engine(url: str, *, connect_timeout_s: float | None = None, echo: bool = False) -> Engine:
-    """SQLite gets WAL (readers never block the writer) and a busy timeout; PostgreSQL goes
-    through psycopg 3 (a bare ``postgresql://`` URL is taken to mean that driver)."""
-    parsed = make_url(url)
+    """SQLite gets WAL (readers never block the writer), a busy timeout, and transactions that
+    pysqlite leaves alone (see ``_sqlite_begin``); PostgreSQL goes through psycopg 3 with a
+    connect timeout, so a port that accepts and never answers fails instead of hanging."""
+    parsed = make_url(normalize_db_url(url))
     connect_args: dict[str, Any] = {}
     if parsed.get_backend_name() == "postgresql":
-        if parsed.drivername == "postgresql":
-            parsed = parsed.set(drivername="postgresql+psycopg")
         if connect_timeout_s is not None:
-            connect_args["connect_timeout"] = max(1, int(connect_timeout_s))
-    elif parsed.get_backend_name() == "sqlite":
-        connect_args["timeout"] = 30.0
+            connect_args["connect_timeout"] = max(1, round(connect_timeout_s))
     else:
-        raise ValueError(f"unsupported database {parsed.get_backend_name()!r} in {url!r}: use sqlite:/// or postgresql://")
+        connect_args["timeout"] = 30.0
     engine = create_engine(parsed, connect_args=connect_args, echo=echo, pool_pre_ping=True)
     if parsed.get_backend_name() == "sqlite":
-        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "connect", _sqlite_connect)
+        event.listen(engine, "begin", _sqlite_begin)
     return engine
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+    # pysqlite opens transactions itself, and only before DML: CREATE TABLE would autocommit
+    # statement by statement, so a kill during migrations left half a schema. Taking over
+    # (isolation_level=None plus our own BEGIN) makes DDL transactional like everything else.
+    dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    # IMMEDIATE takes the write lock up front (waiting out the busy timeout), so two processes
+    # migrating or writing never deadlock on a read lock each wants to upgrade.
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(IMMEDIATE) else "BEGIN")

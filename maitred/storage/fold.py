@@ -7,7 +7,7 @@ merged here, so each table receives a single upsert per key per batch — Postgr
 
 import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import orjson
@@ -24,6 +24,7 @@ from maitred.events import (
     ToolStart,
     encode_event,
 )
+from maitred.storage.errors import first_line
 
 PROGRAM_COLUMNS = ("program_id", "parent_program_id", "agent", "framework", "started_at", "ended_at", "status", "attrs")
 TOOL_COLUMNS = (
@@ -49,13 +50,21 @@ def event_key(ts: float, body: str) -> str:
     return f"{ts:017.6f}{hashlib.sha1(body.encode()).hexdigest()[:23]}"
 
 
+#: What a 64-bit integer column holds (SQLite INTEGER, PostgreSQL BIGINT).
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
 @dataclass
 class Folded:
+    """Rows for each table, and the events that could not be turned into rows at all
+    (``refused``: input position and reason), e.g. ``attrs`` nested deeper than JSON encoding allows."""
+
     events: list[dict[str, Any]] = field(default_factory=list)
     programs: dict[str, dict[str, Any]] = field(default_factory=dict)
     tool_calls: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     llm_calls: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     handoffs: list[dict[str, Any]] = field(default_factory=list)
+    refused: list[tuple[int, str]] = field(default_factory=list)
 
 
 def _merge(rows: dict[Any, dict[str, Any]], key: Any, columns: tuple[str, ...], values: dict[str, Any]) -> None:
@@ -68,8 +77,12 @@ def _merge(rows: dict[Any, dict[str, Any]], key: Any, columns: tuple[str, ...], 
 def fold(events: Iterable[Event]) -> Folded:
     out = Folded()
     seen: set[str] = set()
-    for event in events:
-        body = canonical_json(encode_event(event))
+    for index, event in enumerate(events):
+        try:
+            body = canonical_json(encode_event(event))
+        except (TypeError, ValueError, RecursionError) as exc:  # orjson.JSONEncodeError is a TypeError
+            out.refused.append((index, refusal_reason(event, exc)))
+            continue
         key = event_key(event.ts, body)
         if key in seen:
             continue
@@ -124,3 +137,23 @@ def _fold_one(out: Folded, e: Event, key: str) -> None:
     if pid not in out.programs:
         # Every program seen gets a row, even when its program.start was never sent.
         _merge(out.programs, pid, PROGRAM_COLUMNS, {"program_id": pid})
+
+
+def refusal_reason(event: Event, error: BaseException) -> str:
+    """Why the store cannot hold ``event``, naming the field: the checks below cover what the
+    databases refuse (integers beyond 64 bits, NUL bytes in text columns, values JSON cannot
+    encode); anything else is described by the database's own first line."""
+    for f in fields(event):
+        value = getattr(event, f.name)
+        if isinstance(value, bool) or value is None:
+            continue
+        if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+            return f"{f.name}: out of range for the database (64-bit integers)"
+        if isinstance(value, str) and "\x00" in value:
+            return f"{f.name}: contains a NUL byte, which the database cannot store"
+        if isinstance(value, (dict, list, tuple)):
+            try:
+                canonical_json(value)
+            except (TypeError, ValueError, RecursionError) as exc:
+                return f"{f.name}: cannot be stored as JSON ({exc})"
+    return first_line(error)

@@ -6,7 +6,7 @@ the query-friendly views of it, upserted in the same transaction. The Alembic mi
 ``migrations/`` create exactly this (a test compares them).
 """
 
-from sqlalchemy import BigInteger, Boolean, Double, Index, Integer, MetaData, String, Text, UniqueConstraint, func
+from sqlalchemy import BigInteger, Boolean, ColumnElement, Double, Index, Integer, MetaData, String, Text, UniqueConstraint, func
 from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -18,8 +18,10 @@ NAMING = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
-#: SQLite only auto-increments INTEGER PRIMARY KEY; PostgreSQL gets a 64-bit identity.
-AutoId = BigInteger().with_variant(Integer, "sqlite")
+#: 64-bit integers: every count validation accepts fits (``maitred.events`` bounds them to
+#: signed 64 bits). SQLite's INTEGER is already 64-bit, and only ``INTEGER PRIMARY KEY``
+#: auto-increments there, so SQLite keeps that name; PostgreSQL gets BIGINT.
+Int64 = BigInteger().with_variant(Integer, "sqlite")
 
 
 class Base(DeclarativeBase):
@@ -29,7 +31,7 @@ class Base(DeclarativeBase):
 class EventRow(Base):
     __tablename__ = "events"
 
-    id: Mapped[int] = mapped_column(AutoId, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=True)
     event_key: Mapped[str] = mapped_column(String(40), unique=True)
     type: Mapped[str] = mapped_column(String(32))
     ts: Mapped[float] = mapped_column(Double)
@@ -57,7 +59,7 @@ class ToolCallRow(Base):
         Index(None, "tool", "ended_at"),
     )
 
-    id: Mapped[int] = mapped_column(AutoId, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=True)
     program_id: Mapped[str] = mapped_column(ID)
     call_id: Mapped[str] = mapped_column(ID)
     agent: Mapped[str | None] = mapped_column(ID)
@@ -84,7 +86,7 @@ class ToolCallRow(Base):
 
     @elapsed_s.inplace.expression
     @classmethod
-    def _elapsed_s_expression(cls):  # type: ignore[no-untyped-def]
+    def _elapsed_s_expression(cls) -> ColumnElement[float]:
         return func.coalesce(cls.duration_s, cls.ended_at - cls.started_at)
 
 
@@ -92,16 +94,16 @@ class LLMCallRow(Base):
     __tablename__ = "llm_calls"
     __table_args__ = (UniqueConstraint("program_id", "request_id"),)
 
-    id: Mapped[int] = mapped_column(AutoId, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(Int64, primary_key=True, autoincrement=True)
     program_id: Mapped[str] = mapped_column(ID)
     request_id: Mapped[str] = mapped_column(ID)
     agent: Mapped[str | None] = mapped_column(ID)
     model: Mapped[str | None] = mapped_column(ID)
     started_at: Mapped[float | None] = mapped_column(Double)
     ended_at: Mapped[float | None] = mapped_column(Double)
-    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
-    cached_tokens: Mapped[int | None] = mapped_column(Integer)
-    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    prompt_tokens: Mapped[int | None] = mapped_column(Int64)
+    cached_tokens: Mapped[int | None] = mapped_column(Int64)
+    completion_tokens: Mapped[int | None] = mapped_column(Int64)
     worker: Mapped[str | None] = mapped_column(String(1024))
     ttft_s: Mapped[float | None] = mapped_column(Double)
     status: Mapped[str | None] = mapped_column(String(16))
@@ -117,6 +119,6 @@ class HandoffRow(Base):
     from_agent: Mapped[str] = mapped_column(ID)
     to_agent: Mapped[str] = mapped_column(ID)
     child_program_id: Mapped[str | None] = mapped_column(ID)
-    context_tokens: Mapped[int | None] = mapped_column(Integer)
+    context_tokens: Mapped[int | None] = mapped_column(Int64)
     context_hash: Mapped[str | None] = mapped_column(ID)
-    n_messages: Mapped[int | None] = mapped_column(Integer)
+    n_messages: Mapped[int | None] = mapped_column(Int64)

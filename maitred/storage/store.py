@@ -1,19 +1,25 @@
 """``SessionStore``: batched, idempotent writes of events and the history queries built on them."""
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, Table, func, select
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Connection, Engine, Table, func, inspect, select
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from maitred.events import Event
-from maitred.storage.engine import make_engine
-from maitred.storage.fold import fold
-from maitred.storage.migrate import upgrade
-from maitred.storage.models import EventRow, HandoffRow, LLMCallRow, ProgramRow, ToolCallRow
+from maitred.storage.engine import IMMEDIATE, make_engine, normalize_db_url, sqlite_path
+from maitred.storage.errors import NoSuchDatabase, StoreError, describe, is_content_error, translate
+from maitred.storage.fold import Folded, fold, refusal_reason
+from maitred.storage.migrate import current_revision, head_revision, known_revision, upgrade
+from maitred.storage.models import Base, EventRow
 from maitred.storage.queries import (
     ProgramSummary,
     ProgramTimeline,
@@ -27,23 +33,58 @@ from maitred.storage.queries import (
 )
 from maitred.storage.trace import write_trace
 
-_INSERTS = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}
+_TABLES = Base.metadata.tables
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """An event the database refused, by position in the batch given to ``write``; ``reason``
+    starts with the field, e.g. ``prompt_tokens: out of range for the database``."""
+
+    index: int
+    type: str
+    reason: str
+
+
+@dataclass(slots=True)
+class WriteResult:
+    """``stored``: distinct events of the batch now in the store (those already there count:
+    writes are idempotent); ``rejected``: the events refused for their content, in input order."""
+
+    stored: int
+    rejected: list[Rejected] = field(default_factory=list)
 
 
 class SessionStore:
     """The session history in SQLite (WAL) or PostgreSQL.
 
     Opening a store brings its schema to the newest migration (``migrate=False`` to skip, e.g.
-    when a DBA runs ``maitred db upgrade`` separately). ``write`` is safe to call with a batch
-    that was already written: every row is keyed, so nothing is counted twice.
+    when a DBA runs ``maitred db upgrade`` separately, or to read a database a newer maitred
+    wrote); ``create=False`` refuses to create a database that is not there. ``url`` may be a
+    plain file path. ``write`` is safe to call with a batch that was already written: every row
+    is keyed, so nothing is counted twice. Every failure is a ``StoreError`` (see ``errors``).
     """
 
-    def __init__(self, url: str, *, migrate: bool = True, connect_timeout_s: float | None = 10.0, echo: bool = False) -> None:
-        self.url = url
-        self.engine: Engine = make_engine(url, connect_timeout_s=connect_timeout_s, echo=echo)
-        self._insert = _INSERTS[self.engine.dialect.name]
-        if migrate:
-            upgrade(self.engine)
+    def __init__(
+        self, url: str, *, migrate: bool = True, create: bool = True, connect_timeout_s: float | None = 10.0, echo: bool = False,
+    ) -> None:
+        self.url = normalize_db_url(url)
+        self.where = describe(self.url)
+        path = sqlite_path(self.url)
+        if path is not None and not create and not path.exists():
+            raise NoSuchDatabase(f"no such database: {path}")
+        self.engine: Engine = make_engine(self.url, connect_timeout_s=connect_timeout_s, echo=echo)
+        self._writer = self.engine.execution_options(**{IMMEDIATE: True})
+        self._postgres = self.engine.dialect.name == "postgresql"
+        try:
+            with self._errors():
+                if not create:
+                    self._require_existing()
+                if migrate:
+                    upgrade(self.engine)
+        except BaseException:
+            self.engine.dispose()
+            raise
 
     def close(self) -> None:
         self.engine.dispose()
@@ -54,33 +95,121 @@ class SessionStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """Database errors leave as one-line ``StoreError``s naming this database."""
+        try:
+            yield
+        except SQLAlchemyError as exc:
+            raise translate(exc, self.url) from exc
+
+    def _require_existing(self) -> None:
+        with self.engine.connect() as conn:
+            tables = set(inspect(conn).get_table_names())
+        if not tables & ({"alembic_version"} | set(_TABLES)):
+            raise NoSuchDatabase(f"no such database: {self.where} (it holds no maitred tables)")
+
     # -- writes ---------------------------------------------------------------------------------
 
-    def write(self, events: Iterable[Event]) -> int:
-        """Store a batch in one transaction; returns how many distinct events it held."""
-        folded = fold(events)
+    def write(self, events: Iterable[Event]) -> WriteResult:
+        """Store a batch in one transaction. When the database refuses it for what it holds,
+        the batch is split in halves until the refused events are alone: they are reported in
+        ``rejected``, the rest is stored. An outage raises ``StoreUnavailable`` (keep the batch
+        and retry: nothing is stored twice)."""
+        batch = list(events)
+        folded = fold(batch)
+        rejected = [Rejected(index, batch[index].TYPE, reason) for index, reason in folded.refused]
         if not folded.events:
-            return 0
-        with self.engine.begin() as conn:
-            conn.execute(self._insert(EventRow.__table__).on_conflict_do_nothing(index_elements=["event_key"]), folded.events)
-            self._upsert(conn, ProgramRow.__table__, ["program_id"], list(folded.programs.values()))
-            self._upsert(conn, ToolCallRow.__table__, ["program_id", "call_id"], list(folded.tool_calls.values()))
-            self._upsert(conn, LLMCallRow.__table__, ["program_id", "request_id"], list(folded.llm_calls.values()))
-            if folded.handoffs:
-                conn.execute(self._insert(HandoffRow.__table__).on_conflict_do_nothing(index_elements=["event_key"]), folded.handoffs)
-        return len(folded.events)
+            return WriteResult(0, rejected)
+        try:
+            self._write_rows(folded)
+        except Exception as exc:
+            if not is_content_error(exc):
+                raise translate(exc, self.url) from exc
+            refused = {index for index, _ in folded.refused}
+            stored: set[str] = set()
+            self._isolate(batch, [i for i in range(len(batch)) if i not in refused], exc, stored, rejected)
+            rejected.sort(key=lambda r: r.index)
+            return WriteResult(len(stored), rejected)
+        return WriteResult(len(folded.events), rejected)
 
-    def _upsert(self, conn: Any, table: Table, keys: list[str], rows: Sequence[dict[str, Any]]) -> None:
+    def _isolate(self, batch: list[Event], failing: list[int], error: Exception, stored: set[str], rejected: list[Rejected]) -> None:
+        """Bisect ``failing`` (positions whose batch the database refused): store each half that
+        it takes, recurse into each half it refuses, report single events it refuses. Halves go
+        in input order, so later events still win on the rows they share."""
+        if len(failing) == 1:
+            event = batch[failing[0]]
+            rejected.append(Rejected(failing[0], event.TYPE, refusal_reason(event, error)))
+            return
+        middle = len(failing) // 2
+        for half in (failing[:middle], failing[middle:]):
+            folded = fold(batch[i] for i in half)
+            try:
+                self._write_rows(folded)
+            except Exception as exc:
+                if not is_content_error(exc):
+                    raise translate(exc, self.url) from exc
+                self._isolate(batch, half, exc, stored, rejected)
+            else:
+                stored.update(row["event_key"] for row in folded.events)
+
+    def _write_rows(self, folded: Folded) -> None:
+        with self._writer.begin() as conn:
+            conn.execute(self._insert(_TABLES["events"]).on_conflict_do_nothing(index_elements=["event_key"]), folded.events)
+            self._upsert(conn, _TABLES["programs"], ["program_id"], list(folded.programs.values()))
+            self._upsert(conn, _TABLES["tool_calls"], ["program_id", "call_id"], list(folded.tool_calls.values()))
+            self._upsert(conn, _TABLES["llm_calls"], ["program_id", "request_id"], list(folded.llm_calls.values()))
+            if folded.handoffs:
+                conn.execute(self._insert(_TABLES["handoffs"]).on_conflict_do_nothing(index_elements=["event_key"]), folded.handoffs)
+
+    def _insert(self, table: Table) -> postgresql.Insert | sqlite.Insert:
+        return postgresql.insert(table) if self._postgres else sqlite.insert(table)
+
+    def _upsert(self, conn: Connection, table: Table, keys: list[str], rows: Sequence[dict[str, Any]]) -> None:
         """Insert rows; on a key clash keep the stored value wherever the new one is NULL."""
         if not rows:
             return
         stmt = self._insert(table)
         columns = [c for c in rows[0] if c not in keys]
-        stmt = stmt.on_conflict_do_update(
+        upsert = stmt.on_conflict_do_update(
             index_elements=keys,
             set_={c: func.coalesce(stmt.excluded[c], table.c[c]) for c in columns},
         )
-        conn.execute(stmt, rows)
+        conn.execute(upsert, rows)
+
+    # -- health ---------------------------------------------------------------------------------
+
+    def check_integrity(self) -> list[str]:
+        """Problems found, one line each; empty when the database is sound. SQLite's file is
+        checked page by page (``PRAGMA integrity_check``); on both backends the version stamp
+        and the schema are compared with what this maitred expects."""
+        problems: list[str] = []
+        try:
+            with self._errors(), self.engine.connect() as conn:
+                if not self._postgres:
+                    verdict = list(conn.exec_driver_sql("PRAGMA integrity_check").scalars())
+                    if verdict != ["ok"]:
+                        problems += [f"{self.where}: integrity check: {line}" for line in verdict]
+                        return problems
+                problems += self._schema_problems(conn)
+        except StoreError as exc:
+            problems.append(str(exc))
+        return problems
+
+    def _schema_problems(self, conn: Connection) -> list[str]:
+        revision = current_revision(conn)
+        if revision is None:
+            return [f"{self.where}: no maitred version stamp (run `maitred db upgrade`)"]
+        if not known_revision(revision):
+            return [f"{self.where}: this database was written by a newer maitred (revision {revision})"]
+        head = head_revision()
+        if revision != head:
+            return [f"{self.where}: schema at revision {revision}, this maitred writes {head} (run `maitred db upgrade`)"]
+        missing = sorted(set(_TABLES) - set(inspect(conn).get_table_names()))
+        if missing:
+            return [f"{self.where}: missing tables: {', '.join(missing)}"]
+        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        return [f"{self.where}: schema differs from revision {revision}: {change}" for change in diff]
 
     # -- queries --------------------------------------------------------------------------------
 
@@ -89,21 +218,21 @@ class SessionStore:
     ) -> ToolStats | None:
         """Duration statistics of completed calls of one tool (or of all tools when ``tool`` is
         None); None when there are no completed calls to describe."""
-        with Session(self.engine) as session:
+        with self._errors(), Session(self.engine) as session:
             return tool_stats_one(session, tool=tool, signature=signature, since=to_epoch(since), agent=agent)
 
     def tool_stats_all(self, *, since: Since = None, agent: str | None = None, by_signature: bool = False) -> list[ToolStats]:
         """One row per tool (or per tool signature), sorted by name, then the global row (``tool='*'``)."""
-        with Session(self.engine) as session:
+        with self._errors(), Session(self.engine) as session:
             return tool_stats_all(session, since=to_epoch(since), agent=agent, by_signature=by_signature)
 
     def programs(self, *, since: Since = None, limit: int = 100) -> list[ProgramSummary]:
-        with Session(self.engine) as session:
+        with self._errors(), Session(self.engine) as session:
             return program_summaries(session, since=to_epoch(since), limit=limit)
 
     def program(self, program_id: str) -> ProgramTimeline | None:
         """Everything recorded for one program, in time order; None for an unknown id."""
-        with Session(self.engine) as session:
+        with self._errors(), Session(self.engine) as session:
             return program_timeline(session, program_id)
 
     def events(self, program_id: str | None = None) -> list[dict[str, Any]]:
@@ -111,10 +240,10 @@ class SessionStore:
         query = select(EventRow.body).order_by(EventRow.ts, EventRow.id)
         if program_id is not None:
             query = query.where(EventRow.program_id == program_id)
-        with Session(self.engine) as session:
+        with self._errors(), Session(self.engine) as session:
             return [json.loads(body) for body in session.scalars(query)]
 
     def export_trace(self, path: str | Path, *, since: Since = None) -> int:
         """Write the replayable trace (docs/trace-format.md); returns the number of programs."""
-        with Session(self.engine) as session:
+        with self._errors(), Session(self.engine) as session:
             return write_trace(session, Path(path), since=to_epoch(since))

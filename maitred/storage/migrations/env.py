@@ -1,11 +1,9 @@
-"""Alembic environment: migrations run on the engine handed over by ``maitred.storage.migrate``."""
+"""Alembic environment: migrations run on the engine handed over by ``maitred.storage.migrate``,
+in one locked transaction (see that module)."""
 
 from alembic import context
 
+from maitred.storage.migrate import run_in_env
 from maitred.storage.models import Base
 
-engine = context.config.attributes["engine"]
-with engine.begin() as connection:
-    context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=True)
-    with context.begin_transaction():
-        context.run_migrations()
+run_in_env(context, Base.metadata)
