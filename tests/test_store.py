@@ -223,9 +223,9 @@ def test_a_plain_path_is_a_sqlite_url_and_anything_else_gets_a_hint(tmp_path, mo
     assert normalize_db_url("/abs/x.db") == "sqlite:////abs/x.db"
     assert normalize_db_url("postgresql://u@h/db") == "postgresql+psycopg://u@h/db"
     assert normalize_db_url("sqlite:///rel.db") == "sqlite:///rel.db"
-    for text in ("", "mysql://u@h/db", "sqlite:x.db", "postgres:/h/db", str(tmp_path)):
+    for typed in ("", "mysql://u@h/db", "sqlite:x.db", "postgres:/h/db", str(tmp_path)):
         with pytest.raises(StoreError, match=r"sqlite:///PATH or postgresql\+psycopg://"):
-            normalize_db_url(text)
+            normalize_db_url(typed)
     with SessionStore("x.db") as store:
         assert store.write(tool_events_objects(1)).stored == 2
     assert (tmp_path / "x.db").exists()
