@@ -5,28 +5,54 @@ runtime, store to trace file — is one of these events. Instances are plain fro
 that the middleware can build them in a microsecond on the agent's hot path; validation happens
 only at the edges (``decode_event`` / ``decode_batch``), where input is untrusted, and names the
 offending field in every message.
+
+Validation refuses everything the store cannot hold, so that a batch that passed it is never
+refused by the database for one bad value (which used to fail the whole batch on every retry):
+
+- counts (``*_tokens``) are integers from 0 to 2**63 - 1, what a 64-bit column holds;
+- numbers are finite (JSON has no NaN or Infinity, and the event body is stored as JSON);
+- no string, anywhere, holds a NUL byte (PostgreSQL refuses them in text) or a lone surrogate
+  (not UTF-8: neither database nor the JSON encoder takes it);
+- ``attrs`` and ``messages`` (free-form JSON) nest at most ``MAX_NESTING`` containers deep (the
+  field itself counts as one), hold only integers that fit 64 signed bits, and encode to at most
+  ``MAX_ATTRS_BYTES`` (64 KiB: metadata) and ``MAX_MESSAGES_BYTES`` (8 MiB: a shared context of
+  about two million tokens) of JSON; ``expected_prompt`` holds at most ``MAX_PROMPT_CHARS``.
+
+``loads_batch`` parses untrusted bodies one line (NDJSON) or one element (JSON array) at a time,
+so a line that cannot be parsed at all (100,000 nested brackets, bytes that are not UTF-8, an
+integer of 5,000 digits) is rejected alone by position.
 """
 
 import json
 import math
+import re
+import reprlib
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Annotated, Any, ClassVar, Literal
 
+import orjson
 from pydantic import ConfigDict, Field, Strict, TypeAdapter, ValidationError
 
 SCHEMA_VERSION = 1
 MAX_ID_LENGTH = 256
 #: Clocks drift; an event stamped further ahead than this is a bug in the sender, not skew.
 MAX_FUTURE_SKEW_S = 300.0
+#: Integers the store holds: 64-bit signed columns (SQLite INTEGER, PostgreSQL BIGINT).
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: Free-form JSON (``attrs``, ``messages``) nests at most this many containers deep.
+MAX_NESTING = 32
+MAX_ATTRS_BYTES = 64 * 1024
+MAX_MESSAGES_BYTES = 8 * 1024 * 1024
+MAX_PROMPT_CHARS = 8 * 1024 * 1024
 
 # Strict per field: a string is never read as a number nor the reverse (an int is a valid float).
 Id = Annotated[str, Strict(), Field(min_length=1, max_length=MAX_ID_LENGTH)]
 Name = Annotated[str, Strict(), Field(max_length=MAX_ID_LENGTH)]
-Seconds = Annotated[float, Strict()]
-NonNegative = Annotated[float, Strict(), Field(ge=0)]
-Tokens = Annotated[int, Strict(), Field(ge=0)]
+Seconds = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+NonNegative = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
+Tokens = Annotated[int, Strict(), Field(ge=0, le=INT64_MAX)]
 Flag = Annotated[bool, Strict()]
 
 _STRICT = ConfigDict(extra="forbid")
@@ -84,7 +110,7 @@ class ToolStart(Event):
     call_id: Id
     tool: Id
     signature: Id | None = None
-    deadline_s: Annotated[float, Strict(), Field(gt=0)] | None = None
+    deadline_s: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)] | None = None
     background: Flag = False
 
 
@@ -92,7 +118,7 @@ class ToolStart(Event):
 class ToolProgress(Event):
     TYPE: ClassVar[str] = "tool.progress"
     call_id: Id
-    fraction: Annotated[float, Strict(), Field(ge=0, le=1)] | None = None
+    fraction: Annotated[float, Strict(), Field(ge=0, le=1, allow_inf_nan=False)] | None = None
     eta_s: NonNegative | None = None
 
 
@@ -115,7 +141,7 @@ class Handoff(Event):
     messages: list[dict[str, Any]] | None = None
     context_tokens: Tokens | None = None
     context_hash: Name | None = None
-    expected_prompt: Annotated[str, Strict()] | None = None
+    expected_prompt: Annotated[str, Strict(), Field(max_length=MAX_PROMPT_CHARS)] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,6 +207,18 @@ class Batch:
     rejected: list[Rejected] = field(default_factory=list)
 
 
+#: Free-form fields: their JSON is walked for what the store cannot hold, with a size limit each.
+_JSON_LIMITS = {"attrs": MAX_ATTRS_BYTES, "messages": MAX_MESSAGES_BYTES}
+_short = reprlib.Repr()
+_short.maxstring = _short.maxother = 64
+
+
+def _name(part: Any) -> str:
+    """A path element fit for a one-line message (keys come from the sender and may be anything)."""
+    text = str(part)
+    return text if len(text) <= 64 and text.isprintable() else _short.repr(text)
+
+
 def decode_event(data: Any, *, now: float | None = None) -> Event:
     """Validate one event given as a JSON object; raise ``EventError`` naming the field."""
     if not isinstance(data, Mapping):
@@ -189,19 +227,26 @@ def decode_event(data: Any, *, now: float | None = None) -> Event:
     if not isinstance(kind, str):
         raise EventError("type", "missing or not a string")
     if kind not in EVENT_TYPES:
-        raise EventError("type", f"unknown event type {kind[:64]!r}; known: {', '.join(EVENT_TYPES)}")
+        raise EventError("type", f"unknown event type {_short.repr(kind)}; known: {', '.join(EVENT_TYPES)}")
     version = data.get("v", SCHEMA_VERSION)
-    if version != SCHEMA_VERSION:
-        raise EventError("v", f"unsupported schema version {version!r}; this build speaks {SCHEMA_VERSION}")
+    if version != SCHEMA_VERSION or isinstance(version, bool):
+        raise EventError("v", f"unsupported schema version {_short.repr(version)}; this build speaks {SCHEMA_VERSION}")
     body = {k: v for k, v in data.items() if k not in ("type", "v")}
     try:
         event: Event = _ADAPTERS[kind].validate_python(body)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first["loc"]) or "event"
+        where = ".".join(_name(p) for p in first["loc"]) or "event"
         message = "unknown field" if first["type"] in _UNKNOWN_FIELD else first["msg"]
         raise EventError(where, f"{message} (in {kind})") from None
     _check_ts(event.ts, time.time() if now is None else now)
+    for name, value in body.items():
+        if isinstance(value, str):
+            problem = _text_problem(value)
+            if problem:
+                raise EventError(name, f"{problem} (in {kind})")
+        elif name in _JSON_LIMITS and value is not None:
+            _check_json_field(name, value, kind)
     return event
 
 
@@ -210,6 +255,71 @@ def _check_ts(ts: float, now: float) -> None:
         raise EventError("ts", f"must be a positive unix time in seconds, got {ts!r}")
     if ts > now + MAX_FUTURE_SKEW_S:
         raise EventError("ts", f"{ts:.3f} is {ts - now:.0f} s in the future (limit {MAX_FUTURE_SKEW_S:.0f} s)")
+
+
+def _text_problem(text: str) -> str | None:
+    if "\x00" in text:
+        return "contains a NUL byte, which the store cannot hold"
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return "is not valid UTF-8 (a lone surrogate, or bytes that were not UTF-8)"
+    return None
+
+
+class _Unstorable(Exception):
+    """Raised inside the JSON walk; ``path`` is filled in as it unwinds, so a successful walk
+    never pays for building path strings."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        self.path: list[str] = []
+
+
+def _walk(value: Any, depth: int) -> None:
+    if isinstance(value, str):
+        problem = _text_problem(value)
+        if problem:
+            raise _Unstorable(problem)
+    elif isinstance(value, bool) or value is None:
+        return
+    elif isinstance(value, int):
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise _Unstorable("integer out of the 64-bit range the store holds")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise _Unstorable(f"{value!r} is not a finite number (JSON has no NaN or Infinity)")
+    elif isinstance(value, (Mapping, list, tuple)):
+        if depth > MAX_NESTING:
+            raise _Unstorable(f"nested deeper than {MAX_NESTING} levels")
+        items = value.items() if isinstance(value, Mapping) else enumerate(value)
+        for key, item in items:
+            try:
+                if isinstance(key, str):
+                    problem = _text_problem(key)
+                    if problem:
+                        raise _Unstorable(f"key {problem}")
+                _walk(item, depth + 1)
+            except _Unstorable as exc:
+                exc.path.append(_name(key))
+                raise
+
+
+def _check_json_field(name: str, value: Any, kind: str) -> None:
+    try:
+        _walk(value, 1)
+    except _Unstorable as exc:
+        where = ".".join([name, *reversed(exc.path)])
+        if len(where) > 160:
+            where = f"{where[:80]}...{where[-60:]}"
+        raise EventError(where, f"{exc.reason} (in {kind})") from None
+    try:
+        size = len(orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS))
+    except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
+        raise EventError(name, f"cannot be stored as JSON: {exc} (in {kind})") from None
+    if size > _JSON_LIMITS[name]:
+        raise EventError(name, f"{size} bytes of JSON, more than the {_JSON_LIMITS[name]} allowed (in {kind})")
 
 
 def decode_batch(items: Iterable[Any], *, now: float | None = None) -> Batch:
@@ -225,29 +335,81 @@ def decode_batch(items: Iterable[Any], *, now: float | None = None) -> Batch:
 
 
 def loads_batch(body: bytes | str, *, now: float | None = None) -> Batch:
-    """Parse a batch sent as a JSON array, a single JSON object, or NDJSON (one event per line)."""
-    text = body.decode("utf-8") if isinstance(body, bytes) else body
+    """Parse a batch sent as a JSON array, a single JSON object, or NDJSON (one event per line).
+
+    Each NDJSON line and each array element is parsed on its own: one that is not JSON, not
+    UTF-8, or nested past what the parser can take is rejected by position (field ``line`` or
+    ``element``) and the others are kept. Only an array whose brackets never close is refused
+    as a whole (``EventError`` on ``body``).
+    """
+    # Bytes that are not UTF-8 become lone surrogates, which validation refuses per event.
+    text = body.decode("utf-8", "surrogateescape") if isinstance(body, bytes) else body
     stripped = text.strip()
     if not stripped:
         return Batch()
     if stripped[0] == "[":
         try:
             items = json.loads(stripped)
-        except json.JSONDecodeError as exc:
-            raise EventError("body", f"invalid JSON array: {exc}") from None
+        except (ValueError, RecursionError):
+            return _parse_each(_array_elements(stripped), "element", now)
         return decode_batch(items, now=now)
-    lines: list[Any] = []
-    bad_json: list[Rejected] = []
-    for index, line in enumerate(l for l in stripped.splitlines() if l.strip()):
+    if stripped[0] == "{":
         try:
-            lines.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            bad_json.append(Rejected(index, "line", f"invalid JSON: {exc}"))
-            lines.append(None)
-    batch = decode_batch(lines, now=now)
-    bad_at = {r.index for r in bad_json}
-    batch.rejected = sorted(bad_json + [r for r in batch.rejected if r.index not in bad_at], key=lambda r: r.index)
+            return decode_batch([json.loads(stripped)], now=now)  # one object, maybe pretty-printed
+        except (ValueError, RecursionError):
+            pass
+    lines = [line for line in stripped.split("\n") if line.strip()]
+    return _parse_each(lines, "line", now)
+
+
+def _parse_each(texts: list[str], what: str, now: float | None) -> Batch:
+    parsed: list[Any] = []
+    unparsable: dict[int, str] = {}
+    for index, piece in enumerate(texts):
+        try:
+            parsed.append(json.loads(piece))
+        except RecursionError:
+            unparsable[index] = "nested too deeply to parse"
+        except ValueError as exc:  # json.JSONDecodeError, or an integer of thousands of digits
+            unparsable[index] = f"invalid JSON: {_short.repr(str(exc))}"
+        else:
+            continue
+        parsed.append(None)
+    batch = decode_batch(parsed, now=now)
+    if unparsable:
+        batch.rejected = sorted(
+            [Rejected(i, what, reason) for i, reason in unparsable.items()]
+            + [r for r in batch.rejected if r.index not in unparsable],
+            key=lambda r: r.index,
+        )
     return batch
+
+
+#: A JSON string (escapes included), or a bracket, brace or comma outside strings.
+_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},]')
+
+
+def _array_elements(text: str) -> list[str]:
+    """The top-level elements of a JSON array, as text, found by counting brackets outside
+    strings (no recursion, so any depth is fine); each is then parsed, or refused, alone."""
+    depth, start, elements = 0, 1, []
+    for match in _TOKENS.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+        elif token in "]}":
+            depth -= 1
+            if depth == 0:
+                if text[match.end():].strip():
+                    raise EventError("body", "invalid JSON array: text after the closing bracket")
+                last = text[start:match.start()]
+                if elements or last.strip():
+                    elements.append(last)
+                return elements
+        elif token == "," and depth == 1:
+            elements.append(text[start:match.start()])
+            start = match.end()
+    raise EventError("body", "invalid JSON array: its brackets never close")
 
 
 def encode_event(event: Event) -> dict[str, Any]:

@@ -120,3 +120,86 @@ def test_otel_attributes_use_genai_names():
     handoff = to_otel_attributes(Handoff(ts=NOW, program_id="p", from_agent="a", to_agent="b", messages=[{"x": 1}]))
     assert "maitred.messages" not in handoff and handoff["maitred.to_agent"] == "b"
     assert to_otel_attributes(ToolEnd(ts=NOW, program_id="p", call_id="c"))["maitred.status"] == "ok"
+
+
+def _deep(levels: int) -> dict:
+    root: dict = {}
+    node = root
+    for _ in range(levels - 1):
+        node["k"] = {}
+        node = node["k"]
+    return root
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "words"),
+    [
+        # integers beyond what a 64-bit column holds
+        ({"type": "llm.end", "ts": NOW, "program_id": "p", "request_id": "r", "prompt_tokens": 10**20,
+          "completion_tokens": 1}, "prompt_tokens", "less than or equal to 9223372036854775807"),
+        ({"type": "handoff", "ts": NOW, "program_id": "p", "from_agent": "a", "to_agent": "b", "context_tokens": 2**63},
+         "context_tokens", "less than or equal to"),
+        ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": {"n": [1, -(2**64)]}}, "attrs.n.1", "64-bit"),
+        # NUL bytes, in a top-level string and deep inside free-form JSON (keys too)
+        ({"type": "tool.start", "ts": NOW, "program_id": "p", "call_id": "c", "tool": "grep\x00"}, "tool", "NUL byte"),
+        ({"type": "program.wait", "ts": NOW, "program_id": "p", "reason": "\x00"}, "reason", "NUL byte"),
+        ({"type": "handoff", "ts": NOW, "program_id": "p", "from_agent": "a", "to_agent": "b",
+          "messages": [{"role": "user", "content": [{"text": "a\x00b"}]}]}, "messages.0.content.0.text", "NUL byte"),
+        ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": {"a\x00": 1}}, "attrs", "key contains a NUL"),
+        ({"type": "handoff", "ts": NOW, "program_id": "p", "from_agent": "a", "to_agent": "b", "expected_prompt": "x\x00"},
+         "expected_prompt", "NUL byte"),
+        # lone surrogates (what bytes that are not UTF-8 become)
+        ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": {"s": "\ud800"}}, "attrs.s", "not valid UTF-8"),
+        # nesting and size of free-form JSON
+        ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": _deep(300)}, "attrs.k.k", "deeper than 32"),
+        ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": {"blob": "x" * 70_000}}, "attrs",
+         "more than the 65536 allowed"),
+        ({"type": "handoff", "ts": NOW, "program_id": "p", "from_agent": "a", "to_agent": "b",
+          "messages": [{"content": "x" * (9 << 20)}]}, "messages", "more than the 8388608 allowed"),
+        # numbers JSON cannot hold
+        ({"type": "tool.end", "ts": NOW, "program_id": "p", "call_id": "c", "duration_s": float("inf")}, "duration_s", "finite"),
+        ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": {"x": float("nan")}}, "attrs.x", "not a finite number"),
+    ],
+)
+def test_what_the_store_cannot_hold_is_refused_naming_the_field(data, field, words):
+    with pytest.raises(EventError) as info:
+        decode_event(data, now=NOW)
+    assert info.value.field.startswith(field)
+    assert words in str(info.value)
+
+
+def test_free_form_json_within_the_limits_is_accepted():
+    attrs = {"nested": _deep(31), "big": 2**63 - 1, "small": -(2**63), "text": "héllo ✓", "list": [1.5, None, True]}
+    assert decode_event({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": attrs}, now=NOW).attrs == attrs
+
+
+def test_an_ndjson_line_nested_past_the_parser_is_rejected_alone():
+    good = [json.dumps(EXAMPLES[1]), json.dumps(EXAMPLES[9])]
+    body = "\n".join([good[0], "[" * 100_000 + "]" * 100_000, "{" * 100_000, good[1], "9" * 5000])
+    batch = loads_batch(body.encode(), now=NOW)
+    assert [e.TYPE for e in batch.events] == ["program.end", "program.resume"]
+    assert [(r.index, r.field) for r in batch.rejected] == [(1, "line"), (2, "line"), (4, "line")]
+    assert "nested too deeply" in batch.rejected[0].reason
+
+
+def test_a_json_array_with_one_pathological_element_keeps_the_others():
+    elements = [json.dumps(EXAMPLES[1]), "[" * 100_000 + "]" * 100_000, json.dumps(EXAMPLES[9]), "{broken}"]
+    batch = loads_batch("[" + ",".join(elements) + "]", now=NOW)
+    assert [e.TYPE for e in batch.events] == ["program.end", "program.resume"]
+    assert [(r.index, r.field) for r in batch.rejected] == [(1, "element"), (3, "element")]
+    with pytest.raises(EventError, match="body: invalid JSON array: text after"):
+        loads_batch("[1] [2]", now=NOW)
+
+
+def test_bytes_that_are_not_utf8_reject_their_line_alone():
+    good = json.dumps(EXAMPLES[1]).encode()
+    bad = b'{"type": "program.end", "ts": 1800000000.0, "program_id": "\xff\xfe"}'
+    batch = loads_batch(b"\n".join([good, bad, good.replace(b'"p"', b'"q"')]), now=NOW)
+    assert [e.program_id for e in batch.events] == ["p", "q"]
+    assert [(r.index, r.field) for r in batch.rejected] == [(1, "program_id")]
+
+
+def test_ndjson_splits_on_newlines_only_and_takes_a_pretty_printed_object():
+    data = dict(EXAMPLES[8], reason="line\u2028separator\x1cinside")
+    assert loads_batch(json.dumps(data, ensure_ascii=False), now=NOW).events[0].reason == data["reason"]
+    assert loads_batch(json.dumps(EXAMPLES[8], indent=2), now=NOW).events[0].reason == "Stop"
