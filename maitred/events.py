@@ -392,7 +392,8 @@ _TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},]')
 def _array_elements(text: str) -> list[str]:
     """The top-level elements of a JSON array, as text, found by counting brackets outside
     strings (no recursion, so any depth is fine); each is then parsed, or refused, alone."""
-    depth, start, elements = 0, 1, []
+    depth, start = 0, 1
+    elements: list[str] = []
     for match in _TOKENS.finditer(text):
         token = match.group()
         if token in "[{":
