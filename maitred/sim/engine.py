@@ -39,6 +39,7 @@ class Request:
     first_token_at: float | None = None
     done_at: float | None = None
     hit_tokens: int = 0
+    host_hit_tokens: int = 0  # the part of ``hit_tokens`` loaded back from host memory
     recomputed: int = 0
 
 
@@ -215,6 +216,7 @@ class Worker:
         req.prefill_left = max(recompute, 1)
         req.decode_left = req.output
         req.hit_tokens = gpu_hit + host_hit + (prefix.tokens if shared else 0)
+        req.host_hit_tokens = host_hit
         req.recomputed = recompute
         if req.background is None:
             self.stats.prompt_tokens += req.context
@@ -232,6 +234,17 @@ class Worker:
         self.gpu_used -= seg.gpu
         self.host_used -= seg.host
         seg.gpu = seg.host = 0
+
+    def forget(self, pid: str) -> bool:
+        """Remove a program that holds no KV here and has nothing queued or running, so a
+        long-running worker does not keep every program it ever saw."""
+        seg = self.segments.get(pid)
+        if seg is None or seg.gpu or seg.host or pid in self._busy_programs():
+            return False
+        del self.segments[pid]
+        self.priorities.pop(pid, None)
+        self.host_ranks.pop(pid, None)
+        return True
 
     def promote(self, pid: str, now: float) -> bool:
         """Host → GPU ahead of the request; False when there is nothing to load or no room.

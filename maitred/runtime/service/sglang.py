@@ -1,0 +1,291 @@
+"""SGLang worker backend: what the gateway learns from an SGLang server, and how it asks.
+
+Shapes are SGLang 0.5.23's (python/sglang/srt/...):
+
+- ``GET /server_info`` (``entrypoints/http_server.py``: ``server_info``): the resolved server
+  arguments (``model_path``, ``dp_size``, ``enable_hierarchical_cache``, ``hicache_ratio``,
+  ``hicache_size``, ...) merged with the scheduler's start-up info (``max_total_num_tokens``, per
+  data-parallel rank) and ``internal_states``, one dict per rank whose
+  ``memory_usage.token_capacity`` is that rank's KV pool in tokens
+  (``managers/scheduler_components/internal_state.py``). ``/get_server_info`` is the deprecated
+  alias, still answered.
+- ``GET /v1/loads`` (``entrypoints/v1_loads.py``): ``{timestamp, version, accelerator,
+  num_accelerators, loads: [...]}`` with one ``LoadSnapshot.to_dict()`` per rank
+  (``managers/load_snapshot.py``: ``num_running_reqs``, ``num_waiting_reqs``,
+  ``num_used_tokens``, ``token_usage``, ``cache_hit_rate``, ...).
+- Cache hits per request: ``meta_info.cached_tokens`` (and ``cached_tokens_details`` ``{device,
+  host[, storage]}`` when any were cached) from ``/generate``
+  (``managers/tokenizer_manager.py``), ``usage.prompt_tokens_details.cached_tokens`` from the
+  OpenAI endpoints when the server runs with ``--enable-cache-report``
+  (``entrypoints/openai/protocol.py``: ``UsageInfo``).
+- ``GET /metrics`` (``--enable-metrics``): ``sglang:hicache_host_total_tokens`` is the host pool.
+
+A warmup is a prefill-only ``/generate`` with ``max_new_tokens: 0``: the OpenAI endpoints
+refuse zero tokens, so there is no chat-shaped warmup. No SGLang endpoint pins or evicts one
+prefix; eviction is steered only through per-request ``priority``.
+"""
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+__all__ = [
+    "SGLangWorker",
+    "WorkerCapacity",
+    "WorkerLoad",
+    "WorkerProtocolError",
+    "cached_tokens",
+    "parse_host_capacity",
+    "parse_loads",
+    "parse_server_info",
+]
+
+HOST_TOTAL_METRIC = "sglang:hicache_host_total_tokens"
+
+
+class WorkerProtocolError(ValueError):
+    """A worker answered with a body that does not have the shape SGLang gives it; the
+    message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerCapacity:
+    """KV capacity of one SGLang server, in tokens.
+
+    ``gpu_tokens`` is the sum over its data-parallel ranks (each rank has its own pool, so one
+    program's KV never exceeds ``gpu_tokens // dp_size``). ``host_tokens`` is the HiCache host
+    pool: 0 when HiCache is off, None when ``/server_info`` cannot tell (a pool sized in GB);
+    ``host_capacity()`` reads the exact figure from ``/metrics``.
+    """
+
+    gpu_tokens: int
+    host_tokens: int | None
+    dp_size: int
+    model_path: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """Load of one SGLang server, summed over its data-parallel ranks.
+
+    ``token_usage`` is the busiest rank's (SGLang's own field is a max over pools, so a max
+    over ranks keeps its meaning: how close the fullest pool is to full); ``cache_hit_rate``
+    is the mean over the ranks that report one.
+    """
+
+    running: int
+    waiting: int
+    used_tokens: int
+    token_usage: float
+    cache_hit_rate: float | None
+    ranks: int
+
+
+def _field(body: Mapping[str, Any], name: str, where: str) -> Any:
+    if name not in body:
+        raise WorkerProtocolError(f"{where}: missing field {name!r}")
+    return body[name]
+
+
+def _count(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise WorkerProtocolError(f"{where}: expected a non-negative integer, got {value!r}")
+    return value
+
+
+def _ratio(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise WorkerProtocolError(f"{where}: expected a non-negative number, got {value!r}")
+    return float(value)
+
+
+def _object(body: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(body, Mapping):
+        raise WorkerProtocolError(f"{where}: expected a JSON object, got {type(body).__name__}")
+    return body
+
+
+def _rank_capacities(body: Mapping[str, Any]) -> list[int]:
+    states = body.get("internal_states")
+    if states is None:
+        return []
+    if not isinstance(states, list):
+        raise WorkerProtocolError(f"server_info.internal_states: expected a list, got {type(states).__name__}")
+    capacities = []
+    for i, state in enumerate(states):
+        where = f"server_info.internal_states[{i}]"
+        memory = _object(state, where).get("memory_usage")
+        if memory is None:
+            continue
+        where += ".memory_usage"
+        capacities.append(_count(_field(_object(memory, where), "token_capacity", where), where + ".token_capacity"))
+    return capacities
+
+
+def _host_tokens(body: Mapping[str, Any], gpu_tokens: int) -> int | None:
+    if not body.get("enable_hierarchical_cache", False):
+        return 0
+    size_gb = body.get("hicache_size") or 0
+    ratio = body.get("hicache_ratio")
+    if size_gb or ratio is None:  # sized in GB, or a ratio SGLang picks itself: /metrics knows
+        return None
+    return int(_ratio(ratio, "server_info.hicache_ratio") * gpu_tokens)
+
+
+def parse_server_info(body: dict) -> WorkerCapacity:
+    """Capacity from a ``/server_info`` body: per-rank ``internal_states[].memory_usage.token_capacity``
+    summed, else ``max_total_num_tokens`` (a per-rank figure) times ``dp_size``."""
+    info = _object(body, "server_info")
+    dp_size = info.get("dp_size", 1)
+    if isinstance(dp_size, bool) or not isinstance(dp_size, int) or dp_size < 1:
+        raise WorkerProtocolError(f"server_info.dp_size: expected a positive integer, got {dp_size!r}")
+    ranks = _rank_capacities(info)
+    if ranks:
+        gpu_tokens = sum(ranks)
+    elif "max_total_num_tokens" in info:
+        gpu_tokens = _count(info["max_total_num_tokens"], "server_info.max_total_num_tokens") * dp_size
+    else:
+        raise WorkerProtocolError(
+            "server_info: neither max_total_num_tokens nor internal_states[].memory_usage.token_capacity is present")
+    model_path = info.get("model_path")
+    if model_path is not None and not isinstance(model_path, str):
+        raise WorkerProtocolError(f"server_info.model_path: expected a string, got {model_path!r}")
+    per_rank = gpu_tokens // dp_size
+    host = _host_tokens(info, per_rank)
+    return WorkerCapacity(gpu_tokens, None if host is None else host * dp_size, dp_size, model_path)
+
+
+def parse_loads(body: dict) -> WorkerLoad:
+    """Load from a ``/v1/loads`` envelope, summed over its ``loads`` entries (one per rank)."""
+    loads = _field(_object(body, "loads envelope"), "loads", "loads envelope")
+    if not isinstance(loads, list) or not loads:
+        raise WorkerProtocolError(f"loads envelope.loads: expected a non-empty list, got {loads!r}")
+    running = waiting = used = 0
+    usage = 0.0
+    hits: list[float] = []
+    for i, entry in enumerate(loads):
+        where = f"loads[{i}]"
+        entry = _object(entry, where)
+        running += _count(_field(entry, "num_running_reqs", where), where + ".num_running_reqs")
+        waiting += _count(_field(entry, "num_waiting_reqs", where), where + ".num_waiting_reqs")
+        used += _count(_field(entry, "num_used_tokens", where), where + ".num_used_tokens")
+        usage = max(usage, _ratio(_field(entry, "token_usage", where), where + ".token_usage"))
+        if entry.get("cache_hit_rate") is not None:
+            hits.append(_ratio(entry["cache_hit_rate"], where + ".cache_hit_rate"))
+    return WorkerLoad(running, waiting, used, usage, sum(hits) / len(hits) if hits else None, len(loads))
+
+
+def cached_tokens(response: dict) -> int | None:
+    """Prompt tokens served from cache for one response, or None when the worker did not say.
+
+    OpenAI shape: ``usage.prompt_tokens_details.cached_tokens`` (absent without
+    ``--enable-cache-report``). ``/generate`` shape: ``meta_info.cached_tokens``, or the sum of
+    ``meta_info.cached_tokens_details`` (device + host + storage) when only that is given.
+    Works on a streaming chunk too (the last one carries the usage).
+    """
+    body = _object(response, "response")
+    usage = body.get("usage")
+    if isinstance(usage, Mapping):
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, Mapping) and details.get("cached_tokens") is not None:
+            return _count(details["cached_tokens"], "usage.prompt_tokens_details.cached_tokens")
+    meta = body.get("meta_info")
+    if isinstance(meta, Mapping):
+        if meta.get("cached_tokens") is not None:
+            return _count(meta["cached_tokens"], "meta_info.cached_tokens")
+        split = meta.get("cached_tokens_details")
+        if isinstance(split, Mapping):
+            return sum(_count(split.get(k, 0), f"meta_info.cached_tokens_details.{k}") for k in ("device", "host", "storage"))
+    return None
+
+
+def parse_host_capacity(metrics_text: str) -> int | None:
+    """Host KV pool in tokens from Prometheus text (``sglang:hicache_host_total_tokens``, summed
+    over its label sets: one per rank), or None when the metric is absent (HiCache off or
+    ``--enable-metrics`` not set)."""
+    total: float | None = None
+    try:
+        for family in text_string_to_metric_families(metrics_text):
+            for sample in family.samples:
+                if sample.name == HOST_TOTAL_METRIC:
+                    if not math.isfinite(sample.value) or sample.value < 0:
+                        raise WorkerProtocolError(f"{HOST_TOTAL_METRIC}: expected a non-negative number, got {sample.value}")
+                    total = (total or 0.0) + sample.value
+    except ValueError as exc:
+        if isinstance(exc, WorkerProtocolError):
+            raise
+        raise WorkerProtocolError(f"metrics: not Prometheus text ({exc})") from None
+    return None if total is None else int(total)
+
+
+class SGLangWorker:
+    """One SGLang server seen through HTTP. The ``httpx.AsyncClient`` is the caller's (shared
+    connection pool, its limits and transport); each call sets its own timeout."""
+
+    def __init__(self, url: str, client: httpx.AsyncClient, *, timeout_s: float = 5.0, health_timeout_s: float = 1.0,
+                 warmup_timeout_s: float = 60.0) -> None:
+        self.url = url.rstrip("/")
+        self._client = client
+        self._timeout = timeout_s
+        self._health_timeout = health_timeout_s
+        self._warmup_timeout = warmup_timeout_s
+
+    def __repr__(self) -> str:
+        return f"SGLangWorker({self.url!r})"
+
+    async def _get_json(self, path: str) -> Any:
+        response = await self._client.get(self.url + path, timeout=self._timeout)
+        response.raise_for_status()
+        try:
+            return response.json()
+        except ValueError:
+            raise WorkerProtocolError(f"{self.url}{path}: body is not JSON") from None
+
+    async def capacity(self) -> WorkerCapacity:
+        """``/server_info``; ``/get_server_info`` when the server predates the new name (404)."""
+        try:
+            body = await self._get_json("/server_info")
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code != 404:
+                raise
+            body = await self._get_json("/get_server_info")
+        return parse_server_info(body)
+
+    async def load(self) -> WorkerLoad:
+        return parse_loads(await self._get_json("/v1/loads"))
+
+    async def healthy(self) -> bool:
+        """``GET /health`` answers 200 within the short timeout. Never raises."""
+        try:
+            response = await self._client.get(self.url + "/health", timeout=self._health_timeout)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def warmup(self, text_or_input_ids: str | list[int], *, priority: int | None = None) -> int | None:
+        """Prefill ``text_or_input_ids`` without generating (``max_new_tokens: 0``) so the next real
+        request finds it cached (or loads it back from host memory). Returns the tokens that
+        were already cached, as the worker reports them."""
+        body: dict[str, Any] = {"sampling_params": {"max_new_tokens": 0}}
+        if isinstance(text_or_input_ids, str):
+            body["text"] = text_or_input_ids
+        else:
+            body["input_ids"] = list(text_or_input_ids)
+        if priority is not None:
+            body["priority"] = priority
+        response = await self._client.post(self.url + "/generate", json=body, timeout=self._warmup_timeout)
+        response.raise_for_status()
+        try:
+            payload = response.json()
+        except ValueError:
+            raise WorkerProtocolError(f"{self.url}/generate: body is not JSON") from None
+        return cached_tokens(payload)
+
+    async def host_capacity(self) -> int | None:
+        response = await self._client.get(self.url + "/metrics", timeout=self._timeout)
+        response.raise_for_status()
+        return parse_host_capacity(response.text)

@@ -1,0 +1,161 @@
+"""``maitred sim-worker``: a simulated SGLang server, a test and demo double — never a model.
+
+It speaks the subset of SGLang 0.5.23's HTTP API that maitred and ``sglang-router`` use
+(``/v1/chat/completions``, ``/v1/completions``, ``/generate`` including prefill-only
+``max_new_tokens: 0``, ``/health``, ``/server_info``, ``/model_info``, ``/v1/models``,
+``/v1/loads``, ``/metrics``) with SGLang's shapes, and answers with filler words. Timing, cache
+hits, eviction and host offload come from the simulator's engine model
+(``maitred.sim.engine``) run in real time × ``--time-scale``, so the gateway, the
+integrations and the demo run end to end on a machine without a GPU. With ``--script-tools``
+a chat request that offers ``tools`` gets deterministic tool calls for a few steps and then a
+final answer, so agent frameworks can run their loops through it.
+
+This module holds only the configuration and the command line, and imports nothing heavy at
+import time (the ``maitred`` command builds every subcommand's parser on every call); the
+server itself is in ``simworker_app``.
+"""
+
+import argparse
+import math
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+#: A local model folder with a small word-level tokenizer.json, so sglang-router can load the
+#: worker's tokenizer without contacting a model hub.
+MODEL_DIR = Path(__file__).parent / "assets" / "sim-model"
+SERVED_MODEL_NAME = "maitred-sim-worker"
+
+
+@dataclass(frozen=True)
+class SimWorkerConfig:
+    """Settings of one simulated worker. ``gpu_tokens`` None: the engine profile's capacity;
+    ``cpu_tokens`` 0: no host cache (HiCache off, SGLang's default)."""
+
+    gpu_tokens: int | None = None
+    cpu_tokens: int = 0
+    time_scale: float = 1.0
+    script_tools: bool = False
+    script_steps: int = 3
+    profile: str | None = None
+    model_path: str = str(MODEL_DIR)
+    served_model_name: str = SERVED_MODEL_NAME
+    radix_eviction_policy: str = "lru"
+    host: str = "127.0.0.1"
+    port: int = 30000
+
+    def __post_init__(self) -> None:
+        if self.gpu_tokens is not None and (isinstance(self.gpu_tokens, bool) or self.gpu_tokens < 1):
+            raise ValueError(f"gpu_tokens: must be a positive number of tokens, got {self.gpu_tokens!r}")
+        if isinstance(self.cpu_tokens, bool) or self.cpu_tokens < 0:
+            raise ValueError(f"cpu_tokens: must be 0 (no host cache) or a positive number of tokens, got {self.cpu_tokens!r}")
+        if not (math.isfinite(self.time_scale) and self.time_scale > 0):
+            raise ValueError(f"time_scale: must be a positive, finite factor, got {self.time_scale!r}")
+        if self.script_steps < 0:
+            raise ValueError(f"script_steps: must be 0 or more, got {self.script_steps!r}")
+        if self.radix_eviction_policy not in ("lru", "priority"):
+            raise ValueError(f"radix_eviction_policy: choose lru or priority, got {self.radix_eviction_policy!r}")
+
+
+def create_app(config: SimWorkerConfig) -> "FastAPI":
+    """The ASGI app of one simulated worker (its engine starts with the app's lifespan)."""
+    from maitred.runtime.service.simworker_app import build_app
+
+    return build_app(config)
+
+
+# -- command line ---------------------------------------------------------------------------
+
+def _tokens(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text.replace("_", ""))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    return parse
+
+
+def _factor(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive, finite factor, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 65535, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``maitred sim-worker`` (SPEC section 11, plus a few of SGLang's own names)."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    parser.add_argument("--port", type=_port, default=30000, help="port to bind (default: 30000, SGLang's)")
+    parser.add_argument("--gpu-tokens", type=_tokens(1), help="GPU KV capacity in tokens (default: the engine profile's)")
+    parser.add_argument("--cpu-tokens", type=_tokens(0), default=0,
+                        help="host (HiCache) KV capacity in tokens; 0 turns the host cache off (default: 0)")
+    parser.add_argument("--time-scale", type=_factor, default=1.0,
+                        help="run the engine this many times faster than the profiled GPU (default: 1)")
+    parser.add_argument("--script-tools", action="store_true",
+                        help="answer chat requests that offer tools with deterministic tool calls, then a final message")
+    parser.add_argument("--script-steps", type=_tokens(0), default=3, help="tool-calling steps before the final message (default: 3)")
+    parser.add_argument("--profile", help="engine profile JSON (maitred calibrate writes one)")
+    parser.add_argument("--radix-eviction-policy", choices=("lru", "priority"), default="lru",
+                        help="as SGLang's flag: 'priority' evicts KV of lower request priority first (default: lru)")
+    parser.add_argument("--model-path", default=str(MODEL_DIR),
+                        help="model folder reported to clients; must hold a tokenizer.json (default: the bundled word-level one)")
+    parser.add_argument("--served-model-name", default=SERVED_MODEL_NAME, help=f"model name in responses (default: {SERVED_MODEL_NAME})")
+    parser.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
+
+
+def config_from_args(args: argparse.Namespace) -> SimWorkerConfig:
+    return SimWorkerConfig(
+        gpu_tokens=args.gpu_tokens, cpu_tokens=args.cpu_tokens, time_scale=args.time_scale, script_tools=args.script_tools,
+        script_steps=args.script_steps, profile=args.profile, model_path=args.model_path,
+        served_model_name=args.served_model_name, radix_eviction_policy=args.radix_eviction_policy,
+        host=args.host, port=args.port,
+    )
+
+
+def _check_bindable(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ValueError(f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until interrupted. Bad settings raise ValueError naming the flag (exit status 1
+    through the ``maitred`` command)."""
+    config = config_from_args(args)
+    if config.profile is not None and not Path(config.profile).is_file():
+        raise ValueError(f"--profile {config.profile}: no such file")
+    if not (Path(config.model_path) / "tokenizer.json").is_file():
+        raise ValueError(f"--model-path {config.model_path}: no tokenizer.json there (sglang-router would try a model hub)")
+    _check_bindable(config.host, config.port)
+    import uvicorn
+
+    app = create_app(config)
+    sys.stderr.write(f"maitred sim-worker: a simulated SGLang server (test double) on http://{config.host}:{config.port}\n")
+    uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, access_log=False)
+    return 0

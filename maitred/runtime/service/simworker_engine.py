@@ -1,0 +1,211 @@
+"""The simulated worker's clock and cache bookkeeping around the simulator's engine model.
+
+``maitred.sim.engine.Worker`` is an event-driven model of one SGLang worker (prefix cache with
+sharing, eviction, host offload, continuous batching, a step-time model). Here it runs against
+the wall clock: engine time = wall time since start × ``time_scale``, and one task sleeps until
+the engine's next batch change (or a short streaming interval) and advances it.
+
+The engine model thinks in programs and agents; an HTTP server sees only prompts. The
+``ConversationIndex`` maps one onto the other the way a radix cache would see it: a request
+continues the conversation whose cached sequence (previous prompt plus its output) it extends
+— found through the hash chain of its 16-token pages — and every other request starts a new
+one. Programs of one agent share its prefix (system prompt and tool definitions). A request
+that only partly matches a conversation (an edited history, two programs with the same first
+message) starts a new conversation and is credited with the agent prefix only: the double
+under-reports such hits rather than inventing ones a radix tree would not have.
+"""
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Container
+from dataclasses import dataclass, field
+
+from maitred.runtime.service.simworker_tokens import Prompt
+from maitred.sim.engine import Request, Worker
+
+PAGE = 16
+STREAM_INTERVAL_S = 0.02
+
+
+def _chain(ids: list[int]) -> list[int]:
+    """One hash per full page, each covering everything before it."""
+    out = []
+    h = 0
+    for start in range(0, len(ids) - PAGE + 1, PAGE):
+        h = hash((h, tuple(ids[start:start + PAGE])))
+        out.append(h)
+    return out
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    start = 0
+    while a[start:start + PAGE] == b[start:start + PAGE]:
+        start += PAGE
+    while a[start] == b[start]:
+        start += 1
+    return start
+
+
+@dataclass(slots=True)
+class Conversation:
+    agent: str
+    tokens: list[int]
+
+
+class ConversationIndex:
+    """Prompt → engine program key, by longest cached prefix (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._owner: dict[int, str] = {}
+        self._convs: dict[str, Conversation] = {}
+        self._made = 0
+
+    def __len__(self) -> int:
+        return len(self._convs)
+
+    def resolve(self, prompt: Prompt, busy: Container[str]) -> str:
+        for h in reversed(_chain(prompt.ids)):
+            key = self._owner.get(h)
+            conv = self._convs.get(key) if key is not None else None
+            if key is None or conv is None:
+                continue
+            if conv.agent == prompt.agent and key not in busy:
+                common = _common(conv.tokens, prompt.ids)
+                if common in (len(conv.tokens), len(prompt.ids)):
+                    return key
+            break
+        self._made += 1
+        return f"p{self._made}"
+
+    def record(self, key: str, agent: str, tokens: list[int]) -> None:
+        """``key``'s cached sequence is now ``tokens`` (its prompt followed by its output)."""
+        self._convs[key] = Conversation(agent, tokens)
+        for h in _chain(tokens):
+            self._owner[h] = key
+
+    def forget(self, key: str) -> None:
+        conv = self._convs.pop(key, None)
+        if conv is None:
+            return
+        for h in _chain(conv.tokens):
+            if self._owner.get(h) == key:
+                del self._owner[h]
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One request inside the engine, as the HTTP handlers wait on it."""
+
+    request: Request
+    stream: bool = False
+    time_scale: float = 1.0
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def generated(self) -> int:
+        """Output tokens produced so far (the first comes with the end of prefill)."""
+        r = self.request
+        if r.first_token_at is None:
+            return 0
+        return r.output - r.decode_left
+
+
+@dataclass
+class Counters:
+    requests: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    cached_device: int = 0
+    cached_host: int = 0
+    ttft_s: list[float] = field(default_factory=list)
+
+
+class RealtimeEngine:
+    """Runs ``worker`` in real time × ``time_scale``. All methods run on the event loop thread."""
+
+    def __init__(self, worker: Worker, time_scale: float, *, typed_eviction: bool,
+                 max_conversations: int = 50_000, clock: Callable[[], float] = time.monotonic) -> None:
+        self.worker = worker
+        self.time_scale = time_scale
+        self.typed_eviction = typed_eviction
+        self.index = ConversationIndex()
+        self.counters = Counters()
+        self._max_conversations = max_conversations
+        self._clock = clock
+        self._t0 = clock()
+        self._tickets: dict[int, Ticket] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def now(self) -> float:
+        return (self._clock() - self._t0) * self.time_scale
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-worker engine")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def busy(self) -> set[str]:
+        return {r.program_id for r in self.worker.running} | {r.program_id for r in self.worker.queue}
+
+    def submit(self, prompt: Prompt, output_ids: list[int], *, priority: int | None = None, stream: bool = False) -> Ticket:
+        """Queue a request whose output will be ``output_ids`` (the double decides its reply up front)."""
+        pid = self.index.resolve(prompt, self.busy())
+        if priority is not None and self.typed_eviction:  # SGLang's ratchet: a prefix keeps its highest priority
+            self.worker.priorities[pid] = max(priority, self.worker.priorities.get(pid, priority))
+        self.index.record(pid, prompt.agent, prompt.ids + output_ids)
+        now = self.now()
+        request = Request(pid, prompt.agent or "-", len(prompt.ids), len(output_ids), now, prompt.prefix)
+        ticket = Ticket(request, stream, self.time_scale)
+        self._tickets[id(request)] = ticket
+        self.counters.requests += 1
+        self._dispatch(self.worker.submit(request, now))
+        self._wake.set()
+        return ticket
+
+    def _dispatch(self, finished: list[Request]) -> None:
+        for ticket in self._tickets.values():
+            r = ticket.request
+            if not ticket.started.is_set() and (r.prefill_left > 0 or r.first_token_at is not None):
+                ticket.started.set()
+                self.counters.prompt_tokens += r.context
+                self.counters.cached_device += r.hit_tokens - r.host_hit_tokens
+                self.counters.cached_host += r.host_hit_tokens
+            ticket.changed.set()
+        for r in finished:
+            ticket = self._tickets.pop(id(r))
+            if r.first_token_at is not None:
+                self.counters.ttft_s.append((r.first_token_at - r.arrival) / self.time_scale)
+                del self.counters.ttft_s[:-1000]
+            self.counters.generation_tokens += r.output
+            ticket.done.set()
+        if finished and len(self.index) > self._max_conversations:
+            self._prune()
+
+    def _prune(self) -> None:
+        """Forget conversations the engine no longer holds any KV for."""
+        busy = self.busy()
+        for pid in [p for p, seg in self.worker.segments.items() if seg.gpu == 0 and seg.host == 0 and p not in busy]:
+            self.worker.forget(pid)
+            self.index.forget(pid)
+
+    async def _run(self) -> None:
+        while True:
+            self._dispatch(self.worker.advance(self.now()))
+            nxt = self.worker.next_event_time()
+            wait = None if nxt is None else max((nxt - self.now()) / self.time_scale, 0.0005)
+            if any(t.stream and t.started.is_set() for t in self._tickets.values()):
+                wait = STREAM_INTERVAL_S if wait is None else min(wait, STREAM_INTERVAL_S)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait)
