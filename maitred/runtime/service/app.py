@@ -1,0 +1,94 @@
+"""Assembles ``maitred serve``: the gateway app with its runtime, worker clients and store.
+
+``build_app`` wires the parts and returns a FastAPI app whose lifespan opens the store (and
+seeds tool statistics from it), reads the workers' capacities, starts the scheduler, and on
+shutdown stops them in reverse and writes what is still queued for the store.
+"""
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import httpx
+from fastapi import FastAPI
+
+from maitred.runtime.service.gateway import Proxy, ProxyConfig, add_proxy_routes
+from maitred.runtime.service.ingest import HookMapper, add_admin_routes
+from maitred.runtime.service.loop import Runtime, RuntimeConfig
+from maitred.runtime.service.metrics import Metrics
+from maitred.runtime.service.persist import StoreWriter
+from maitred.runtime.service.sglang import SGLangWorker
+
+if TYPE_CHECKING:
+    from maitred.storage import SessionStore
+
+log = logging.getLogger("maitred.service")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    workers: Sequence[str]
+    db_url: str | None = None            # None: nothing is persisted (tests, benchmarks)
+    token: str | None = None
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)
+    max_events_bytes: int = 16 << 20
+    max_connections: int = 1024          # per gateway, to all workers together
+    wait_for_workers_s: float = 0.0      # at start, wait this long for one healthy worker
+
+
+@dataclass
+class Gateway:
+    """The parts of a running gateway, for tests and benchmarks that look inside."""
+
+    app: FastAPI
+    runtime: Runtime
+    client: httpx.AsyncClient
+
+
+def build_app(cfg: ServeConfig, *, hook_mapper: tuple[HookMapper | None, type[Exception]] | None = None,
+              on_ready: Callable[[Gateway], None] | None = None) -> Gateway:
+    if not cfg.workers:
+        raise ValueError("--worker: give at least one worker URL")
+    limits = httpx.Limits(max_connections=cfg.max_connections, max_keepalive_connections=cfg.max_connections)
+    client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(cfg.proxy.request_timeout_s, connect=5.0))
+    backends = {url.rstrip("/"): SGLangWorker(url.rstrip("/"), client) for url in cfg.workers}
+    runtime = Runtime(backends, cfg.runtime, Metrics())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = None
+        if cfg.db_url is not None:
+            store = await asyncio.to_thread(_open_store, cfg.db_url, runtime)
+            runtime.writer = StoreWriter(store, on_drop=lambda reason, n: runtime.metrics.dropped_events.labels(reason).inc(n))
+        await runtime.start(wait_for_workers_s=cfg.wait_for_workers_s)
+        healthy = [url for url, w in runtime.state.workers.items() if w.healthy]
+        log.info("maitred: gateway up; policy %s; workers up: %s", cfg.runtime.policy, ", ".join(healthy) or "none yet")
+        if on_ready is not None:
+            on_ready(gateway)
+        try:
+            yield
+        finally:
+            await runtime.stop()
+            await client.aclose()
+            if runtime.writer is not None:
+                await asyncio.to_thread(runtime.writer.close)
+            if store is not None:
+                store.close()
+
+    app = FastAPI(title="maitred", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    add_proxy_routes(app, Proxy(runtime, client, cfg.proxy))
+    add_admin_routes(app, runtime, token=cfg.token, max_events_bytes=cfg.max_events_bytes, hook_mapper=hook_mapper)
+    gateway = Gateway(app, runtime, client)
+    return gateway
+
+
+def _open_store(url: str, runtime: Runtime) -> "SessionStore":
+    from maitred.storage import SessionStore
+
+    store = SessionStore(url)
+    runtime.seed(store.tool_stats_all(), store.tool_stats_all(by_signature=True))
+    return store

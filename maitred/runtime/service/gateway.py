@@ -1,0 +1,248 @@
+"""The OpenAI-compatible gateway: model requests in, each sent to its program's worker.
+
+``POST /v1/chat/completions`` and ``/v1/completions`` (streaming and not) and SGLang's
+``/generate`` pass through: the program id is taken out of the request (``programid``), the
+request waits until the runtime admits its program (at once when it fits), goes to the
+program's worker with its SGLang ``priority`` when configured, and what the worker reports
+(tokens, cached tokens) goes back into the runtime state and the store. Answers are passed
+through byte for byte, streams chunk by chunk.
+
+A worker that cannot be reached (refused or dropped connection) is declared down; its
+programs are re-placed on another worker and the request is sent again there (a recompute):
+the client sees no error. A stream that already sent bytes cannot be replayed, so a worker
+that dies mid-stream ends it with an error event; a stream whose worker died before its first
+byte is retried like any request.
+"""
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+from fastapi import FastAPI, Request
+from starlette.responses import Response, StreamingResponse
+
+from maitred.runtime.service.guard import HTTPProblem, error_response, parse_json_object, read_body
+from maitred.runtime.service.loop import NoWorkerAvailable, Runtime
+from maitred.runtime.service.programid import take_program_id
+from maitred.runtime.service.usage import SSEUsage, Usage, estimate_prompt_tokens, text_prompt, usage_of
+
+log = logging.getLogger("maitred.service")
+
+#: Connection-level failures that mean the worker is gone (not that the request was bad).
+WORKER_DOWN = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.ConnectTimeout,
+               httpx.PoolTimeout)
+JSON = {"content-type": "application/json"}
+ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/generate": "generate"}
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    max_body_bytes: int = 64 << 20
+    request_timeout_s: float = 600.0   # a long generation is not a failure; this bounds a hung worker
+    max_attempts: int = 3              # sends of one request (a worker died under it: try another)
+
+
+@dataclass(slots=True)
+class _Call:
+    """One client request on its way through."""
+
+    endpoint: str
+    path: str
+    body: dict[str, Any]
+    raw: bytes
+    changed: bool
+    program_id: str
+    anonymous: bool
+    stream: bool
+    request_id: str
+    injected_usage: bool = False
+
+
+class Proxy:
+    def __init__(self, runtime: Runtime, client: httpx.AsyncClient, cfg: ProxyConfig) -> None:
+        self.runtime = runtime
+        self.client = client
+        self.cfg = cfg
+
+    async def handle(self, request: Request) -> Response:
+        endpoint = ENDPOINTS[request.url.path]
+        try:
+            call = self._prepare(endpoint, request.url.path, await read_body(request, self.cfg.max_body_bytes), request)
+            return await self._send(call)
+        except HTTPProblem as exc:
+            self.runtime.metrics.requests.labels(endpoint, "refused").inc()
+            return exc.response()
+        except NoWorkerAvailable as exc:
+            self.runtime.metrics.requests.labels(endpoint, "no_worker").inc()
+            return error_response(503, f"no worker can take the request: {exc}", kind="service_unavailable",
+                                  headers={"retry-after": "1"})
+
+    def _prepare(self, endpoint: str, path: str, raw: bytes, request: Request) -> _Call:
+        body = parse_json_object(raw)
+        program_id, changed = take_program_id(body, request.headers)
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise HTTPProblem(400, f"stream: expected true or false, got {stream!r}", field="stream")
+        anonymous = program_id is None
+        call = _Call(endpoint, path, body, raw, changed, program_id or "anon-" + self.runtime.new_request_id(), anonymous, stream,
+                     self.runtime.new_request_id())
+        if stream and endpoint != "generate":
+            options = body.get("stream_options")
+            if options is None or (isinstance(options, dict) and not options.get("include_usage")):
+                body["stream_options"] = {**(options or {}), "include_usage": True}
+                call.injected_usage = call.changed = True
+        return call
+
+    async def _send(self, call: _Call) -> Response:
+        runtime, body = self.runtime, call.body
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+        prompt = text_prompt(body)
+        if prompt is not None and not call.anonymous:
+            runtime.remember_prompt(call.program_id, prompt)
+        estimate = estimate_prompt_tokens(body)
+        for attempt in range(self.cfg.max_attempts):
+            admission = await runtime.admit(call.program_id, request_id=call.request_id, agent=None, model=model,
+                                            prompt_tokens=estimate, store=not call.anonymous)
+            worker = admission.worker
+            priority = runtime.priority_for(call.program_id, worker)
+            if priority is not None:
+                body["priority"] = priority
+                call.changed = True
+            content = orjson.dumps(body) if call.changed else call.raw
+            url = worker + call.path
+            runtime.inflight[worker] += 1
+            started = time.perf_counter()
+            try:
+                if call.stream:
+                    return await self._stream(call, worker, url, content, started)
+                response = await self.client.post(url, content=content, headers=JSON, timeout=self.cfg.request_timeout_s)
+            except WORKER_DOWN as exc:
+                self._lost(call, worker, exc, attempt)
+                continue
+            except httpx.TimeoutException:
+                self._finish(call, worker, Usage(), None, ok=False)
+                runtime.metrics.requests.labels(call.endpoint, "timeout").inc()
+                return error_response(504, f"worker {worker} did not answer within {self.cfg.request_timeout_s:.0f} s",
+                                      kind="timeout")
+            finally:
+                if not call.stream:
+                    runtime.inflight[worker] -= 1
+            ok = response.status_code == 200
+            usage = usage_of(_json(response.content)) if ok else Usage()
+            self._finish(call, worker, usage, time.perf_counter() - started, ok=ok)
+            runtime.metrics.requests.labels(call.endpoint, "ok" if ok else f"worker_{response.status_code}").inc()
+            return Response(response.content, status_code=response.status_code,
+                            media_type=response.headers.get("content-type", "application/json"))
+        runtime.metrics.requests.labels(call.endpoint, "failed").inc()
+        return error_response(502, f"no worker completed the request after {self.cfg.max_attempts} attempts",
+                              kind="bad_gateway")
+
+    def _lost(self, call: _Call, worker: str, exc: Exception, attempt: int) -> None:
+        log.warning("maitred: %s to %s failed (%s: %s); attempt %d", call.endpoint, worker, type(exc).__name__, exc, attempt + 1)
+        self.runtime.worker_failed(worker, reason=type(exc).__name__)
+        self.runtime.metrics.requests.labels(call.endpoint, "retried").inc()
+
+    def _finish(self, call: _Call, worker: str, usage: Usage, ttft_s: float | None, *, ok: bool) -> None:
+        self.runtime.completed(call.program_id, request_id=call.request_id, worker=worker,
+                               prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                               cached_tokens=usage.cached_tokens, ttft_s=ttft_s, ok=ok, store=not call.anonymous)
+        if call.anonymous:
+            self.runtime.end_anonymous(call.program_id)
+
+    async def _stream(self, call: _Call, worker: str, url: str, content: bytes, started: float) -> Response:
+        """Open the worker's stream and wait for its first chunk before answering, so a worker
+        that is gone is still retried elsewhere; then pass the chunks through."""
+        runtime = self.runtime
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                runtime.inflight[worker] -= 1
+
+        request = self.client.build_request("POST", url, content=content, headers=JSON, timeout=self.cfg.request_timeout_s)
+        try:
+            upstream = await self.client.send(request, stream=True)
+        except BaseException:
+            release()
+            raise
+        if upstream.status_code != 200:
+            try:
+                payload = await upstream.aread()
+            finally:
+                await upstream.aclose()
+                release()
+            self._finish(call, worker, Usage(), None, ok=False)
+            runtime.metrics.requests.labels(call.endpoint, f"worker_{upstream.status_code}").inc()
+            return Response(payload, status_code=upstream.status_code,
+                            media_type=upstream.headers.get("content-type", "application/json"))
+        chunks = upstream.aiter_raw()
+        try:
+            first = await anext(chunks, b"")
+        except BaseException:
+            await upstream.aclose()
+            release()
+            raise
+        ttft = time.perf_counter() - started
+        scanner = SSEUsage(drop_usage_only=call.injected_usage)
+        outcome = {"ok": True}
+
+        async def relay() -> AsyncIterator[bytes]:
+            try:
+                out = scanner.feed(first)
+                if out:
+                    yield out
+                async for chunk in chunks:
+                    out = scanner.feed(chunk)
+                    if out:
+                        yield out
+                rest = scanner.finish()
+                if rest:
+                    yield rest
+            except WORKER_DOWN as exc:
+                outcome["ok"] = False
+                runtime.worker_failed(worker, reason=type(exc).__name__)
+                message = {"error": {"message": f"worker {worker} failed mid-stream ({type(exc).__name__}); "
+                                                "the stream cannot be resumed", "type": "worker_failed"}}
+                yield b"data: " + orjson.dumps(message) + b"\n\ndata: [DONE]\n\n"
+
+        async def close() -> None:
+            await upstream.aclose()
+            release()
+            self._finish(call, worker, scanner.usage, ttft, ok=outcome["ok"])
+            runtime.metrics.requests.labels(call.endpoint, "ok" if outcome["ok"] else "broken_stream").inc()
+
+        return _Relay(relay(), on_close=close, media_type=upstream.headers.get("content-type", "text/event-stream"))
+
+
+class _Relay(StreamingResponse):
+    """A streaming response that always runs ``on_close`` — also when the client goes away
+    mid-stream (Starlette skips the background task then), so no upstream connection leaks."""
+
+    def __init__(self, content: AsyncIterator[bytes], *, on_close: Any, media_type: str) -> None:
+        super().__init__(content, media_type=media_type)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._on_close()
+
+
+def _json(content: bytes) -> Any:
+    try:
+        return orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def add_proxy_routes(app: FastAPI, proxy: Proxy) -> None:
+    for path in ENDPOINTS:
+        app.add_api_route(path, proxy.handle, methods=["POST"], include_in_schema=False)
+

@@ -1,0 +1,225 @@
+"""``maitred serve`` and ``maitred sglang-args``: flags and entry points.
+
+Top-level imports stay light (the standard library only) so that ``maitred --help`` and the
+other commands do not pay for FastAPI, uvicorn and the policy core; ``run`` imports them.
+Every bad flag value is refused by argparse with the flag named, or by ``run`` with one line
+``maitred serve: error: --flag: ...`` and exit status 2.
+"""
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from maitred.runtime.service.app import ServeConfig
+    from maitred.runtime.service.launch import SGLangLaunch
+
+#: The names of ``maitred.runtime.policies.POLICIES`` (kept here so ``--help`` needs no import;
+#: a test checks the two agree).
+POLICY_NAMES = ("maitred", "mori", "tao", "thunderagent", "cache_aware", "round_robin")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _worker_url(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a worker base URL like http://127.0.0.1:30000")
+    try:
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} has a bad port") from None
+    return text.rstrip("/")
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not in 1..65535")
+    return port
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (value > 0 and value < float("inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive, finite number of seconds")
+    return value
+
+
+def _megabytes(text: str) -> int:
+    value = _seconds(text)  # same shape: a positive finite number
+    return int(value * (1 << 20))
+
+
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (1 < value < float("inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} must be above 1 (SGLang needs a host pool larger than the GPU pool)")
+    return value
+
+
+def _gpus(text: str) -> tuple[str, ...]:
+    items = tuple(t.strip() for t in text.split(",") if t.strip())
+    if not items or not all(t.isdigit() for t in items):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of GPU indices, e.g. 0,1")
+    if len(set(items)) != len(items):
+        raise argparse.ArgumentTypeError(f"{text!r} names a GPU twice")
+    return items
+
+
+def add_sglang_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gpus", type=_gpus, default=("0",), help="GPU indices, one SGLang server each (default: 0)")
+    parser.add_argument("--sglang-host", default="127.0.0.1", help="address the SGLang servers bind (default: 127.0.0.1)")
+    parser.add_argument("--sglang-base-port", type=_port, default=30000,
+                        help="port of the first SGLang server; the next GPUs take the next ports (default: 30000)")
+    parser.add_argument("--hicache-ratio", type=_ratio, default=2.0, help="host KV pool as a multiple of the GPU pool (default: 2)")
+    parser.add_argument("--sglang-python", default=sys.executable,
+                        help="Python interpreter that has sglang installed (default: this one)")
+    parser.add_argument("--sglang-arg", action="append", default=[], metavar="ARG",
+                        help="one more argument for every SGLang server, e.g. --sglang-arg=--tp-size=2 (repeatable)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``maitred serve`` (SPEC 11, plus the runtime's knobs)."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1; others need --token)")
+    parser.add_argument("--port", type=_port, default=8000, help="port to listen on (default: 8000)")
+    parser.add_argument("--worker", type=_worker_url, action="append", default=[], metavar="URL",
+                        help="base URL of an SGLang server (repeatable)")
+    parser.add_argument("--policy", choices=POLICY_NAMES, default="maitred", help="scheduling policy (default: maitred)")
+    parser.add_argument("--db", default=None,
+                        help="session store URL or SQLite path (default: $MAITRED_DB or sqlite:///maitred.db)")
+    parser.add_argument("--no-db", action="store_true", help="keep no history (events only update the live state)")
+    parser.add_argument("--token", default=None,
+                        help="bearer token required on ingest and admin endpoints (default: $MAITRED_TOKEN)")
+    parser.add_argument("--tick", type=_seconds, default=1.0, help="scheduler period in seconds (default: 1)")
+    parser.add_argument("--hold-timeout", type=_seconds, default=60.0,
+                        help="longest a request is held before it is let through anyway (default: 60 s)")
+    parser.add_argument("--priority", action="store_true",
+                        help="send SGLang request priorities (for --radix-eviction-policy priority; on with --launch-sglang)")
+    parser.add_argument("--no-warmups", action="store_true", help="never send prefill-only warmups")
+    parser.add_argument("--max-body-mb", type=_megabytes, default=64 << 20, help="largest model request body (default: 64)")
+    parser.add_argument("--max-events-mb", type=_megabytes, default=16 << 20, help="largest event batch body (default: 16)")
+    parser.add_argument("--request-timeout", type=_seconds, default=600.0,
+                        help="longest a worker may take to answer one request (default: 600 s)")
+    parser.add_argument("--wait-for-workers", type=_seconds, default=30.0,
+                        help="at start, wait this long for a worker to answer (default: 30 s)")
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    parser.add_argument("--launch-sglang", metavar="MODEL_PATH",
+                        help="start one SGLang server per GPU (see --gpus) as children, and route to them")
+    add_sglang_arguments(parser)
+
+
+class _Refused(Exception):
+    pass
+
+
+def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
+    from maitred.runtime.service.app import ServeConfig
+    from maitred.runtime.service.gateway import ProxyConfig
+    from maitred.runtime.service.loop import RuntimeConfig
+
+    token = args.token or os.environ.get("MAITRED_TOKEN") or None
+    if args.host not in LOOPBACK and token is None:
+        raise _Refused("--host: binding a non-loopback address needs --token (or MAITRED_TOKEN): "
+                       "the ingest and admin endpoints would be open to the network")
+    db = None
+    if not args.no_db:
+        from maitred.middleware.config import default_db_url
+
+        db = args.db or default_db_url()
+    elif args.db:
+        raise _Refused("--no-db: cannot be combined with --db")
+    runtime = RuntimeConfig(policy=args.policy, tick_s=args.tick, hold_timeout_s=args.hold_timeout,
+                            priority=args.priority or bool(args.launch_sglang), warmups=not args.no_warmups)
+    proxy = ProxyConfig(max_body_bytes=args.max_body_mb, request_timeout_s=args.request_timeout)
+    return ServeConfig(workers=list(workers), db_url=db, token=token, runtime=runtime, proxy=proxy,
+                       max_events_bytes=args.max_events_mb, wait_for_workers_s=args.wait_for_workers)
+
+
+def _launch(args: argparse.Namespace) -> "SGLangLaunch":
+    from maitred.runtime.service.launch import SGLangLaunch
+
+    return SGLangLaunch(args.launch_sglang, args.gpus, host=args.sglang_host, base_port=args.sglang_base_port,
+                        hicache_ratio=args.hicache_ratio, extra_args=tuple(args.sglang_arg), python=args.sglang_python)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until interrupted. Returns the exit status."""
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.worker and not args.launch_sglang:
+        return _refuse("--worker: give at least one worker URL (or --launch-sglang MODEL_PATH)")
+    try:
+        launch = _launch(args) if args.launch_sglang else None
+        cfg = _config(args, [*args.worker, *(launch.urls() if launch else [])])
+    except (_Refused, ValueError) as exc:
+        return _refuse(str(exc))
+
+    import uvicorn
+
+    from maitred.runtime.service.app import build_app
+    from maitred.runtime.service.launch import ChildServers
+
+    children = ChildServers(launch) if launch is not None else None
+    try:
+        if children is not None:
+            children.start()
+        gateway = build_app(cfg)
+        uvicorn.run(gateway.app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+                    timeout_graceful_shutdown=10)
+    except (TimeoutError, RuntimeError) as exc:
+        print(f"maitred serve: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if children is not None:
+            children.stop()
+    return 0
+
+
+def add_sglang_args_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``maitred sglang-args``."""
+    parser.add_argument("model_path", metavar="MODEL_PATH", help="model to serve (a local folder or a hub name)")
+    add_sglang_arguments(parser)
+
+
+def run_sglang_args(args: argparse.Namespace) -> int:
+    """Print the SGLang launch line for each GPU, for operators who start SGLang themselves,
+    and the matching ``maitred serve`` line."""
+    from maitred.runtime.service.launch import SGLangLaunch
+
+    try:
+        launch = SGLangLaunch(args.model_path, args.gpus, host=args.sglang_host, base_port=args.sglang_base_port,
+                              hicache_ratio=args.hicache_ratio, extra_args=tuple(args.sglang_arg), python=args.sglang_python)
+    except ValueError as exc:
+        return _refuse(str(exc), command="sglang-args")
+    for spec in launch.specs():
+        print(spec.shell_line())
+    print("maitred serve --priority " + " ".join(f"--worker {url}" for url in launch.urls()))
+    return 0
+
+
+def _refuse(message: str, *, command: str = "serve") -> int:
+    print(f"maitred {command}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m maitred.runtime.service.serve`` (the same as ``maitred serve``)."""
+    parser = argparse.ArgumentParser(prog="maitred serve", description="the maitred gateway in front of SGLang workers")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

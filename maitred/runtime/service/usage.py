@@ -1,0 +1,150 @@
+"""What a worker's answer says about the prompt: tokens, cached tokens (fed back into the state).
+
+Two answer shapes: OpenAI's ``usage`` (``prompt_tokens``, ``completion_tokens``,
+``prompt_tokens_details.cached_tokens`` with SGLang's ``--enable-cache-report``) and SGLang's
+``/generate`` ``meta_info`` (``prompt_tokens``, ``completion_tokens``, ``cached_tokens``). A
+stream carries them in its last chunks; ``SSEUsage`` finds them while the chunks pass through
+untouched, parsing only the events that can hold them.
+"""
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from maitred.runtime.service.sglang import WorkerProtocolError, cached_tokens
+
+_USAGE = re.compile(rb'"usage"\s*:\s*\{')
+_META = re.compile(rb'"meta_info"\s*:\s*\{')
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def usage_of(body: Any) -> Usage:
+    """Token counts of one answer (or one stream chunk); absent or malformed fields are None."""
+    if not isinstance(body, dict):
+        return Usage()
+    source = body.get("usage")
+    if not isinstance(source, dict):
+        source = body.get("meta_info")
+    if not isinstance(source, dict):
+        return Usage()
+    try:
+        cached = cached_tokens(body)
+    except WorkerProtocolError:
+        cached = None
+    return Usage(_int(source.get("prompt_tokens")), _int(source.get("completion_tokens")), cached)
+
+
+def estimate_prompt_tokens(body: dict[str, Any]) -> int | None:
+    """A rough size of the prompt before the worker tokenises it (about 4 characters a
+    token): the admission weight of a request until its real count comes back."""
+    if isinstance(body.get("input_ids"), list):
+        return len(body["input_ids"])
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        chars = 0
+        for m in messages:
+            if isinstance(m, dict):
+                content = m.get("content")
+                chars += len(content) if isinstance(content, str) else len(str(content or ""))
+        return chars // 4 + 8 * len(messages)
+    for key in ("prompt", "text"):
+        value = body.get(key)
+        if isinstance(value, str):
+            return len(value) // 4
+        if isinstance(value, list) and value and all(isinstance(x, int) for x in value):
+            return len(value)
+    return None
+
+
+def text_prompt(body: dict[str, Any]) -> str | list[int] | None:
+    """The prompt of a text request, replayable by a prefill-only warmup (chat prompts are not:
+    the chat template is applied inside the worker)."""
+    for key in ("input_ids", "prompt", "text"):
+        value = body.get(key)
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list) and value and all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+            return value
+    return None
+
+
+class SSEUsage:
+    """Watches a server-sent-event stream for its usage while passing it through.
+
+    ``drop_usage_only``: the gateway asked for usage the client did not (``stream_options``),
+    so the usage-only chunk (``choices: []``) is taken out of what the client sees."""
+
+    def __init__(self, *, drop_usage_only: bool) -> None:
+        self.drop_usage_only = drop_usage_only
+        self.usage = Usage()
+        self._buffer = b""
+        self._last_meta: bytes | None = None
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Bytes to forward for ``chunk`` (whole events only when something may be dropped)."""
+        if not self.drop_usage_only:
+            self._scan(chunk)
+            return chunk
+        self._buffer += chunk
+        out = []
+        while True:
+            end = self._buffer.find(b"\n\n")
+            if end < 0:
+                break
+            event, self._buffer = self._buffer[:end + 2], self._buffer[end + 2:]
+            if not self._usage_only(event):
+                out.append(event)
+        return b"".join(out)
+
+    def finish(self) -> bytes:
+        """What is left to forward at the end of the stream; settles ``usage``."""
+        if self._last_meta is not None:
+            self._take(self._last_meta)
+        rest, self._buffer = self._buffer, b""
+        if rest and self.drop_usage_only and self._usage_only(rest):
+            return b""
+        return rest
+
+    def _scan(self, chunk: bytes) -> None:
+        # Events may split across chunks; keep the tail so a split event is still seen whole.
+        data = self._buffer + chunk
+        for event in data.split(b"\n\n")[:-1]:
+            if _USAGE.search(event):
+                self._take(event)
+            elif _META.search(event):
+                self._last_meta = event
+        self._buffer = data[data.rfind(b"\n\n") + 2:] if b"\n\n" in data else data[-65536:]
+
+    def _usage_only(self, event: bytes) -> bool:
+        if _META.search(event):
+            self._last_meta = event
+            return False
+        if not _USAGE.search(event):
+            return False
+        body = self._take(event)
+        return isinstance(body, dict) and body.get("choices") == []
+
+    def _take(self, event: bytes) -> Any:
+        for line in event.split(b"\n"):
+            if line.startswith(b"data:"):
+                try:
+                    body = orjson.loads(line[5:].strip())
+                except orjson.JSONDecodeError:
+                    return None
+                found = usage_of(body)
+                if found.prompt_tokens is not None or found.completion_tokens is not None:
+                    self.usage = found
+                return body
+        return None
