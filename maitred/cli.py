@@ -1,28 +1,37 @@
 """The ``maitred`` command (SPEC section 11).
 
-Each subcommand is a small function over the public API; argument errors exit with status 2 and
-a message naming the flag, runtime errors with status 1 and one line (no traceback) unless
-``MAITRED_DEBUG`` is set.
+Each subcommand is a small function over the public API. Every error is one line on stderr
+naming the flag or the path it is about, never a traceback (unless ``MAITRED_DEBUG`` is set):
+exit status 2 for a refused command line (argparse's convention), 1 for a failure while doing
+the work (a missing or damaged database, an unreadable trace, a file that cannot be written).
+Queries never create a database: a mistyped path says "no such database" instead.
 """
 
 import argparse
 import json
+import math
 import os
+import sqlite3
 import sys
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.table import Table
 
 from maitred.middleware.config import default_db_url
 from maitred.sim.traces import TraceError
+from maitred.storage import DatabaseTooNew, SessionStore, StoreError, normalize_db_url
 from maitred.storage.queries import ALL_TOOLS, parse_since
 
 console = Console()
+#: At most this many skipped trace records are listed one per line; the rest are counted.
+SKIPPED_SHOWN = 20
 
 
 class CliError(Exception):
@@ -33,11 +42,111 @@ class UsageError(CliError):
     """A flag value refused after parsing, e.g. a path that must not be touched (exit status 2)."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line (no usage block) so scripts can show them as they are."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _stderr(kind: str, message: str) -> None:
+    sys.stderr.write(f"maitred: {kind}: {' '.join(str(message).split())}\n")
+
+
+# -- flag value types: each refuses what the command could not use, and argparse names the flag --
+
 def _since(text: str) -> float:
     try:
-        return parse_since(text)
+        value = parse_since(text)
     except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("since: ")) from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time")
+    if value > time.time():
+        raise argparse.ArgumentTypeError(f"{text!r} is in the future, so nothing could match")
+    return value
+
+
+def _whole(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum or maximum is not None and value > maximum:
+            bound = f"between {minimum} and {maximum:,}" if maximum is not None else f"at least {minimum}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+    return parse
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive, finite number of seconds, got {text!r}")
+    return value
+
+
+def _db_url(text: str) -> str:
+    """A database URL or a plain file path (``x.db`` means ``sqlite:///<absolute x.db>``)."""
+    try:
+        return normalize_db_url(text)
+    except StoreError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _csv(kind: Callable[[str], Any], allowed: Sequence[str] | None = None) -> Callable[[str], tuple]:
+    """A comma-separated flag value (argparse names the flag in its error)."""
+    def parse(text: str) -> tuple:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("give at least one value")
+        try:
+            values = tuple(kind(t) for t in items)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {kind.__name__}") from None
+        if allowed is not None:
+            unknown = [v for v in values if v not in allowed]
+            if unknown:
+                raise argparse.ArgumentTypeError(f"unknown {', '.join(map(str, unknown))}; choose from {', '.join(allowed)}")
+        if kind is int and min(values) <= 0:
+            raise argparse.ArgumentTypeError("values must be positive")
+        if kind is float and not all(math.isfinite(v) and v >= 0 for v in values):
+            raise argparse.ArgumentTypeError("values must be finite and non-negative")
+        return values
+    return parse
+
+
+# -- opening things ------------------------------------------------------------------------------
+
+def _open_history(args: argparse.Namespace) -> SessionStore:
+    """The store for a query: never created, and readable even when a newer maitred wrote it
+    (the schema is then left as it is, and a note says so)."""
+    try:
+        return SessionStore(args.db, create=False)
+    except DatabaseTooNew as exc:
+        _stderr("note", f"{exc}; reading it without upgrading the schema")
+        return SessionStore(args.db, create=False, migrate=False)
+
+
+@contextmanager
+def _writing(flag: str, path: str | Path) -> Iterator[None]:
+    """File-system failures while writing ``path`` become one line naming the flag and the path."""
+    try:
+        yield
+    except OSError as exc:
+        raise CliError(f"{flag} {path}: cannot write ({exc.strerror or exc})") from None
+
+
+def _writable_folder(flag: str, path: Path) -> None:
+    """Fail before a long run, not after it, when its output cannot be written."""
+    with _writing(flag, path):
+        path.mkdir(parents=True, exist_ok=True)
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise CliError(f"{flag} {path}: cannot write (permission denied)")
 
 
 def _fmt_s(value: float | None) -> str:
@@ -48,12 +157,6 @@ def _fmt_s(value: float | None) -> str:
 
 def _fmt_ts(value: float | None) -> str:
     return "-" if value is None else datetime.fromtimestamp(value).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _store(args: argparse.Namespace, *, migrate: bool = True):
-    from maitred.storage import SessionStore
-
-    return SessionStore(args.db, migrate=migrate)
 
 
 def _print_json(value: Any) -> None:
@@ -76,7 +179,8 @@ def tool_stats_table(rows: Sequence[Any], title: str = "tool durations") -> Tabl
 
 
 def cmd_stats_tools(args: argparse.Namespace) -> int:
-    with _store(args) as store:
+    with _open_history(args) as store:
+        where = store.where
         if args.tool:
             one = store.tool_stats(args.tool, since=args.since, agent=args.agent)
             rows = [one] if one else []
@@ -85,14 +189,14 @@ def cmd_stats_tools(args: argparse.Namespace) -> int:
     if args.json:
         _print_json([asdict(r) for r in rows])
     elif not rows:
-        console.print("no completed tool calls" + (f" for tool {args.tool!r}" if args.tool else "") + f" in {args.db}")
+        console.print("no completed tool calls" + (f" for tool {args.tool!r}" if args.tool else "") + f" in {where}")
     else:
         console.print(tool_stats_table(rows))
     return 0
 
 
 def cmd_programs(args: argparse.Namespace) -> int:
-    with _store(args) as store:
+    with _open_history(args) as store:
         rows = store.programs(since=args.since, limit=args.limit)
     if args.json:
         _print_json([asdict(r) for r in rows])
@@ -111,14 +215,16 @@ def cmd_programs(args: argparse.Namespace) -> int:
 
 
 def cmd_timeline(args: argparse.Namespace) -> int:
-    with _store(args) as store:
+    with _open_history(args) as store:
+        where = store.where
         timeline = store.program(args.program_id)
     if timeline is None:
-        raise CliError(f"no program {args.program_id!r} in {args.db}")
+        raise CliError(f"no program {args.program_id!r} in {where}")
     if args.png:
         from maitred.plots import timeline_png
 
-        console.print(f"wrote {timeline_png(timeline, args.png)}")
+        with _writing("--png", args.png):
+            console.print(f"wrote {timeline_png(timeline, args.png)}")
     if args.json:
         _print_json({"program": asdict(timeline.program), "spans": [asdict(s) for s in timeline.spans],
                      "handoffs": timeline.handoffs, "totals": timeline.busy_idle()})
@@ -140,15 +246,20 @@ def cmd_timeline(args: argparse.Namespace) -> int:
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    """Migrate, then check: a database is called fine only when the integrity check agrees."""
     from maitred.storage.migrate import current_revision
 
-    with _store(args) as store:
-        console.print(f"{args.db}: schema at revision {current_revision(store.engine)}")
+    with SessionStore(args.db) as store:
+        problems = store.check_integrity()
+        if problems:
+            more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+            raise CliError(f"{problems[0]}{more}")
+        console.print(f"{store.where}: schema at revision {current_revision(store.engine)}; integrity check passed")
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    with _store(args) as store:
+    with _open_history(args) as store, _writing("--out", args.out):
         n = store.export_trace(args.out, since=args.since)
     console.print(f"wrote {n} programs to {args.out}")
     return 0
@@ -161,39 +272,29 @@ def cmd_demo(args: argparse.Namespace) -> int:
         db_url = fresh_sqlite(Path(args.db_file))
     except NotADemoDatabase as exc:
         raise UsageError(f"--db-file: {exc}") from None
+    except (OSError, sqlite3.Error) as exc:
+        raise CliError(f"--db-file {args.db_file}: cannot create ({exc})") from None
     console.print(f"running {args.programs} instrumented agent programs into {db_url} ...")
     run_demo(db_url, programs=args.programs, seed=args.seed)
-    args.db = db_url
-    with _store(args) as store:
+    with SessionStore(db_url, create=False) as store:
         console.print(tool_stats_table(store.tool_stats_all(), title="demo: tool durations (maitred stats tools)"))
         programs = store.programs()
     console.print(
         f"{len(programs)} programs, {sum(p.tool_calls for p in programs)} tool calls, "
         f"{sum(p.llm_calls for p in programs)} model steps recorded.\n"
-        f"Explore: maitred programs --db {db_url}\n"
-        f"         maitred timeline demo-0 --db {db_url} --png timeline.png",
+        f"Explore: maitred programs --db {args.db_file}\n"
+        f"         maitred timeline demo-0 --db {args.db_file} --png timeline.png",
         soft_wrap=True,
     )
     return 0
 
 
-def _csv(kind: Callable[[str], Any], allowed: Sequence[str] | None = None) -> Callable[[str], tuple]:
-    """A comma-separated flag value (argparse names the flag in its error)."""
-    def parse(text: str) -> tuple:
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError("give at least one value")
-        try:
-            values = tuple(kind(t) for t in items)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {kind.__name__}") from None
-        unknown = [v for v in values if allowed is not None and v not in allowed]
-        if unknown:
-            raise argparse.ArgumentTypeError(f"unknown {', '.join(map(str, unknown))}; choose from {', '.join(allowed)}")
-        if kind is int and min(values) <= 0 or kind is float and min(values) < 0:
-            raise argparse.ArgumentTypeError(f"values must be {'positive' if kind is int else 'non-negative'}")
-        return values
-    return parse
+def _report_skipped(name: str, skipped: Sequence[str]) -> None:
+    """Each record a trace reader refused, one stderr line each (the first few), then a count."""
+    for item in skipped[:SKIPPED_SHOWN]:
+        _stderr("skipped", item)
+    if len(skipped) > SKIPPED_SHOWN:
+        _stderr("skipped", f"... and {len(skipped) - SKIPPED_SHOWN} more records of {name}")
 
 
 def cmd_bench_replay(args: argparse.Namespace) -> int:
@@ -203,8 +304,11 @@ def cmd_bench_replay(args: argparse.Namespace) -> int:
     from maitred.sim.profile import EngineProfile
     from maitred.sim.traces import load_trace
 
-    trace = load_trace(args.trace)  # validate before starting processes; reports what it skipped
+    trace = load_trace(args.trace)  # validate before starting processes
+    _report_skipped(trace.name, trace.skipped)
     profile = EngineProfile.load(args.profile) if args.profile else EngineProfile()
+    out = Path(args.out)
+    _writable_folder("--out", out)
     matrix = Matrix(args.trace, args.policy, args.concurrency, args.cpu_ratio, args.duration, args.seed,
                     args.workers, args.gpu_tokens)
     total = len(matrix.configs())
@@ -216,37 +320,43 @@ def cmd_bench_replay(args: argparse.Namespace) -> int:
         records = run_matrix(matrix, profile, jobs=args.jobs,
                              on_done=lambda r: bar.update(task, advance=1, description=f"{r['policy']} C={r['concurrency']}"))
     command = "maitred " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("maitred") else "maitred bench replay"
-    for path in write_outputs(matrix, records, Path(args.out), command):
-        console.print(f"wrote {path}")
+    with _writing("--out", out):
+        for path in write_outputs(matrix, records, out, command):
+            console.print(f"wrote {path}")
     return 0
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from maitred.sim.calibrate import calibrate
 
+    out = Path(args.out)
+    _writable_folder("--out", out.parent)
     profile = calibrate(args.device, progress=lambda stage: console.print(f"measuring {stage} ..."))
-    profile.save(args.out)
-    console.print(f"wrote {args.out}: {profile.name}; {profile.gpu_kv_tokens:,} KV tokens, "
+    with _writing("--out", out):
+        profile.save(out)
+    console.print(f"wrote {out}: {profile.name}; {profile.gpu_kv_tokens:,} KV tokens, "
                   f"prefill {profile.prefill_s_per_token * 1e6:.2f} µs/token, host→device {profile.h2d_bytes_per_s / 1e9:.1f} GB/s")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="maitred", description="Agent-aware serving for LLM agents.")
+    parser = _Parser(prog="maitred", description="Agent-aware serving for LLM agents.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def db_flag(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--db", default=default_db_url(), help="database URL (default: $MAITRED_DB or sqlite:///maitred.db)")
+        p.add_argument("--db", type=_db_url, default=default_db_url(),
+                       help="database URL or SQLite file path (default: $MAITRED_DB or sqlite:///maitred.db)")
 
     def add(name: str, fn: Callable[[argparse.Namespace], int], help: str, parent: Any = sub) -> argparse.ArgumentParser:
         p = parent.add_parser(name, help=help, description=help)
         p.set_defaults(func=fn)
         return p
 
+    since_help = "only what ended after: 1h, 30m, 2d, an ISO date or unix seconds (not in the future)"
     stats = sub.add_parser("stats", help="history statistics").add_subparsers(dest="what", required=True, metavar="WHAT")
     p = add("tools", cmd_stats_tools, "tool-call duration statistics per tool", stats)
     db_flag(p)
-    p.add_argument("--since", type=_since, help="only calls that ended after: 1h, 30m, 2d, an ISO date or unix seconds")
+    p.add_argument("--since", type=_since, help=since_help)
     p.add_argument("--tool", help="one tool only")
     p.add_argument("--agent", help="one agent only")
     p.add_argument("--by-signature", action="store_true", help="group by tool signature (e.g. Bash:pytest) instead of tool")
@@ -254,8 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("programs", cmd_programs, "recorded programs, newest first")
     db_flag(p)
-    p.add_argument("--since", type=_since)
-    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--since", type=_since, help=since_help)
+    p.add_argument("--limit", type=_whole(1), default=100, help="at most this many programs (default: 100)")
     p.add_argument("--json", action="store_true")
 
     p = add("timeline", cmd_timeline, "one program's busy/idle phases")
@@ -265,12 +375,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
 
     db = sub.add_parser("db", help="database schema").add_subparsers(dest="what", required=True, metavar="WHAT")
-    db_flag(add("upgrade", cmd_db_upgrade, "apply migrations up to the newest schema", db))
+    db_flag(add("upgrade", cmd_db_upgrade, "create or migrate the schema to the newest revision, then check its integrity", db))
 
     p = add("export", cmd_export, "write the history as a replayable JSONL trace")
     db_flag(p)
     p.add_argument("--out", required=True, help="trace file to write")
-    p.add_argument("--since", type=_since)
+    p.add_argument("--since", type=_since, help=since_help)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="what", required=True, metavar="WHAT")
     from maitred.sim.replay import SIM_POLICIES
@@ -281,12 +391,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated (default: all of {','.join(SIM_POLICIES)})")
     p.add_argument("--concurrency", type=_csv(int), default=(20, 50, 80))
     p.add_argument("--cpu-ratio", type=_csv(float), default=(1.0, 2.0), help="host KV memory as a multiple of GPU KV memory")
-    p.add_argument("--duration", type=float, default=3600.0, help="simulated seconds per run")
+    p.add_argument("--duration", type=_positive_seconds, default=3600.0, help="simulated seconds per run")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=1, help="simulated GPU workers (data-parallel ranks)")
-    p.add_argument("--gpu-tokens", type=int, help="GPU KV capacity per worker (default: the profile's)")
+    p.add_argument("--workers", type=_whole(1), default=1, help="simulated GPU workers (data-parallel ranks)")
+    p.add_argument("--gpu-tokens", type=_whole(1), help="GPU KV capacity per worker (default: the profile's)")
     p.add_argument("--profile", help="engine profile JSON (maitred calibrate writes one)")
-    p.add_argument("--jobs", type=int, help="processes (default: all cores)")
+    p.add_argument("--jobs", type=_whole(1), help="processes (default: all cores)")
     p.add_argument("--out", required=True, help="folder for results.json, report.md and the PNG plots")
 
     p = add("calibrate", cmd_calibrate, "measure an engine profile on this machine with torch")
@@ -294,8 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
 
     p = add("demo", cmd_demo, "run an instrumented multi-agent workload into SQLite and show its statistics")
-    p.add_argument("--db-file", default="maitred-demo.db", help="SQLite file to (re)create")
-    p.add_argument("--programs", type=int, default=6)
+    p.add_argument("--db-file", default="maitred-demo.db", help="SQLite file to (re)create; only ever replaces an earlier demo's")
+    p.add_argument("--programs", type=_whole(1, 1000), default=6)
     p.add_argument("--seed", type=int, default=0)
     return parser
 
@@ -303,17 +413,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        return int(args.func(args))
     except UsageError as exc:
-        sys.stderr.write(f"maitred: error: {exc}\n")
+        _stderr("error", str(exc))
         return 2
-    except (CliError, TraceError, ValueError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
+    except (CliError, StoreError, TraceError, ValueError) as exc:
+        _stderr("error", str(exc))
         return 1
     except Exception as exc:
         if os.environ.get("MAITRED_DEBUG"):
             raise
-        console.print(f"[red]error:[/red] {type(exc).__name__}: {exc}")
+        _stderr("error", f"{type(exc).__name__}: {exc}")
         return 1
 
 

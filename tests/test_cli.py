@@ -52,12 +52,12 @@ def test_programs_and_timeline(filled, capsys, tmp_path):
     assert doc["totals"]["acting_s"] == pytest.approx(0.6) and len(doc["handoffs"]) == 1
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     assert main(["timeline", "missing", "--db", filled]) == 1
-    assert "no program 'missing'" in capsys.readouterr().out
+    assert "no program 'missing'" in capsys.readouterr().err
 
 
 def test_export_and_db_upgrade(filled, capsys, tmp_path):
     assert main(["db", "upgrade", "--db", filled]) == 0
-    assert "schema at revision 0001" in capsys.readouterr().out
+    assert "integrity check passed" in capsys.readouterr().out
     out = tmp_path / "t.jsonl"
     assert main(["export", "--db", filled, "--out", str(out)]) == 0
     assert len(out.read_text().splitlines()) == 2
@@ -73,9 +73,11 @@ def test_bad_flag_value_names_the_flag(capsys):
 def test_unreachable_database_is_one_line_not_a_traceback(capsys):
     from tests.helpers import free_port
 
-    assert main(["stats", "tools", "--db", f"postgresql://postgres@127.0.0.1:{free_port()}/x"]) == 1
-    out = capsys.readouterr().out
-    assert out.startswith("error: OperationalError") and "Traceback" not in out
+    port = free_port()
+    assert main(["stats", "tools", "--db", f"postgresql://postgres@127.0.0.1:{port}/x"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and "Traceback" not in captured.err
+    assert captured.err.startswith("maitred: error: database unavailable") and f"127.0.0.1:{port}/x" in captured.err
 
 
 def test_demo_command_runs_end_to_end(tmp_path):

@@ -194,9 +194,10 @@ def test_tracelab_reader_keeps_good_rounds_and_names_bad_fields(tmp_path, caplog
     trace = read_tracelab(path)
     assert [p.program_id for p in trace.programs] == ["s1", "s2"]
     assert trace.programs[0].steps[0].tools == (ToolCall("bash", 2.5),)
+    assert [(s.input_tokens, s.tools) for s in trace.programs[0].steps[1:]] == [(1400, ())]  # only the bad tool went
     reasons = "\n".join(trace.skipped)
-    assert ":2: input_tokens_total: expected a whole number" in reasons
-    assert ":3: tools[0].result_at: before emitted_at" in reasons
+    assert ":2: input_tokens_total: expected a finite whole number, got 'many'; round skipped" in reasons
+    assert ":3: tools[0].result_at: before emitted_at; tool call skipped" in reasons
     assert ":4: session_id: missing" in reasons
     assert ":6: invalid JSON" in reasons
     empty = tmp_path / "empty.jsonl"
@@ -259,7 +260,7 @@ def test_bench_cli_rejects_bad_flags(capsys):
         main(["bench", "replay", "--trace", "synthetic", "--concurrency", "ten", "--out", "x"])
     assert "--concurrency" in capsys.readouterr().err
     assert main(["bench", "replay", "--trace", "/nonexistent/trace.jsonl", "--out", "x"]) == 1
-    assert "no such file" in capsys.readouterr().out
+    assert "/nonexistent/trace.jsonl: no such file" in capsys.readouterr().err
 
 
 def test_calibrate_writes_a_cpu_profile(tmp_path):

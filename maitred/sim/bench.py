@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from maitred.sim.profile import EngineProfile
 from maitred.sim.replay import SIM_POLICIES, RunConfig, run_one
@@ -69,24 +70,36 @@ def run_matrix(matrix: Matrix, profile: EngineProfile, *, jobs: int | None = Non
     if jobs == 1:
         _init(matrix.trace, asdict(profile))
         for i, (cfg, unlimited) in enumerate(configs):
-            results[i] = _run(cfg, unlimited)
+            results[i] = record = _run(cfg, unlimited)
             if on_done:
-                on_done(results[i])
+                on_done(record)
     else:
         with ProcessPoolExecutor(jobs, initializer=_init, initargs=(matrix.trace, asdict(profile))) as pool:
             futures = {pool.submit(_run, cfg, unlimited): i for i, (cfg, unlimited) in enumerate(configs)}
             for future in as_completed(futures):
-                results[futures[future]] = future.result()
+                results[futures[future]] = record = future.result()
                 if on_done:
-                    on_done(results[futures[future]])
+                    on_done(record)
     return [r for r in results if r is not None]
 
 
 def best_baseline(records: Sequence[dict], concurrency: int, ratio: float, key: str, *, lower: bool = False) -> dict | None:
-    rows = [r for r in records if r["policy"] in BASELINES and r["concurrency"] == concurrency and r["cpu_ratio"] == ratio]
+    rows = [r for r in records if r["policy"] in BASELINES and r["concurrency"] == concurrency and r["cpu_ratio"] == ratio
+            and _usable(r[key])]
     if not rows:
         return None
     return (min if lower else max)(rows, key=lambda r: r[key])
+
+
+def _usable(value: Any) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def _ratio(a: dict | None, b: dict | None, key: str) -> float | None:
+    """``a[key] / b[key]``; None when either is missing or not finite, or ``b[key]`` is 0."""
+    if a is None or b is None or not _usable(a[key]) or not _usable(b[key]) or b[key] == 0:
+        return None
+    return float(a[key] / b[key])
 
 
 def _cell(records: Sequence[dict], policy: str, concurrency: int, ratio: float) -> dict | None:
@@ -111,7 +124,7 @@ def report_markdown(matrix: Matrix, records: Sequence[dict], command: str) -> st
             for c in concs:
                 for r in ratios:
                     rec = _cell(records, policy, c, r)
-                    cells.append(fmt.format(rec[key]) if rec and rec[key] is not None else "-")
+                    cells.append(fmt.format(rec[key]) if rec and _usable(rec[key]) else "-")
             lines.append(f"| {policy} | " + " | ".join(cells) + " |")
         lines.append("")
     if "maitred" in policies:
@@ -121,13 +134,13 @@ def report_markdown(matrix: Matrix, records: Sequence[dict], command: str) -> st
             for r in ratios:
                 ours, limit, oracle = _cell(records, "maitred", c, r), _cell(records, UNLIMITED, c, r), _cell(records, "oracle", c, r)
                 tput, ttft = best_baseline(records, c, r, "throughput_tok_s"), best_baseline(records, c, r, "ttft_mean_s", lower=True)
-                if not ours or not tput or not ttft:
+                speedup, ttft_ratio = _ratio(ours, tput, "throughput_tok_s"), _ratio(ours, ttft, "ttft_mean_s")
+                if speedup is None or ttft_ratio is None or tput is None or ttft is None:
                     continue
-                share = f"{ours['throughput_tok_s'] / limit['throughput_tok_s']:.0%}" if limit else "-"
-                vs_oracle = f"{ours['throughput_tok_s'] / oracle['throughput_tok_s']:.2f}" if oracle else "-"
+                share, vs_oracle = _ratio(ours, limit, "throughput_tok_s"), _ratio(ours, oracle, "throughput_tok_s")
                 lines.append(
-                    f"| C={c} ×{r:g} | {ours['throughput_tok_s'] / tput['throughput_tok_s']:.2f} ({tput['policy']}) | "
-                    f"{(ours['ttft_mean_s'] / ttft['ttft_mean_s'] - 1) * 100:+.0f}% ({ttft['policy']}) | {share} | {vs_oracle} |")
+                    f"| C={c} ×{r:g} | {speedup:.2f} ({tput['policy']}) | {(ttft_ratio - 1) * 100:+.0f}% ({ttft['policy']}) | "
+                    f"{'-' if share is None else f'{share:.0%}'} | {'-' if vs_oracle is None else f'{vs_oracle:.2f}'} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -165,10 +178,25 @@ def plot(matrix: Matrix, records: Sequence[dict], out: Path) -> list[Path]:
     return paths
 
 
+def finite_or_none(value: Any) -> Any:
+    """``value`` with every NaN or infinity replaced by None, recursively: results.json must be
+    strict JSON (bare ``NaN`` is refused by most parsers), and a run with no completed request
+    has no mean TTFT rather than a NaN one."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(v) for v in value]
+    return value
+
+
 def write_outputs(matrix: Matrix, records: Sequence[dict], out: Path, command: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
+    records = finite_or_none(list(records))
     results = out / "results.json"
-    results.write_text(json.dumps({"matrix": asdict(matrix), "command": command, "runs": list(records)}, indent=2) + "\n")
+    document = {"matrix": asdict(matrix), "command": command, "runs": records}
+    results.write_text(json.dumps(finite_or_none(document), indent=2, allow_nan=False) + "\n")
     report = out / "report.md"
     report.write_text(report_markdown(matrix, records, command))
     return [results, report, *plot(matrix, records, out)]
