@@ -16,15 +16,19 @@ server itself is in ``simworker_app``.
 """
 
 import argparse
+import dataclasses
 import math
 import socket
 import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import uvicorn
     from fastapi import FastAPI
 
 #: A local model folder with a small word-level tokenizer.json, so sglang-router can load the
@@ -48,7 +52,7 @@ class SimWorkerConfig:
     served_model_name: str = SERVED_MODEL_NAME
     radix_eviction_policy: str = "lru"
     host: str = "127.0.0.1"
-    port: int = 30000
+    port: int = 30000               # 0: any free port (SimWorkerThread)
 
     def __post_init__(self) -> None:
         if self.gpu_tokens is not None and (isinstance(self.gpu_tokens, bool) or self.gpu_tokens < 1):
@@ -59,6 +63,8 @@ class SimWorkerConfig:
             raise ValueError(f"time_scale: must be a positive, finite factor, got {self.time_scale!r}")
         if self.script_steps < 0:
             raise ValueError(f"script_steps: must be 0 or more, got {self.script_steps!r}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port: must be between 0 and 65535, got {self.port!r}")
         if self.radix_eviction_policy not in ("lru", "priority"):
             raise ValueError(f"radix_eviction_policy: choose lru or priority, got {self.radix_eviction_policy!r}")
 
@@ -68,6 +74,56 @@ def create_app(config: SimWorkerConfig) -> "FastAPI":
     from maitred.runtime.service.simworker_app import build_app
 
     return build_app(config)
+
+
+class SimWorkerThread:
+    """A sim-worker served by uvicorn on a background thread, for tests, demos and benchmarks:
+    ``with SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=...)) as w: httpx.get(w.url + "/health")``.
+    ``sim`` is the running worker (its engine model), for tests that look inside."""
+
+    def __init__(self, config: SimWorkerConfig | None = None) -> None:
+        self.config = config or SimWorkerConfig(port=0)
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.sim: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.config.port}"
+
+    def start(self, timeout_s: float = 30.0) -> "SimWorkerThread":
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET6 if ":" in self.config.host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.config.host, self.config.port))
+        self.config = dataclasses.replace(self.config, port=sock.getsockname()[1])
+        app = create_app(self.config)
+        self.sim = app.state.sim
+        self._server = server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+        self._thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
+                                        name=f"sim-worker :{self.config.port}")
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"sim-worker on {self.url} did not start within {timeout_s} s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self._server = self._thread = None
+
+    def __enter__(self) -> "SimWorkerThread":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 # -- command line ---------------------------------------------------------------------------
@@ -159,3 +215,18 @@ def run(args: argparse.Namespace) -> int:
     sys.stderr.write(f"maitred sim-worker: a simulated SGLang server (test double) on http://{config.host}:{config.port}\n")
     uvicorn.run(app, host=config.host, port=config.port, log_level=args.log_level, access_log=False)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m maitred.runtime.service.simworker``: the same as ``maitred sim-worker``."""
+    parser = argparse.ArgumentParser(prog="maitred sim-worker", description=__doc__.splitlines()[0] if __doc__ else None)
+    add_arguments(parser)
+    try:
+        return run(parser.parse_args(argv))
+    except ValueError as exc:
+        sys.stderr.write(f"maitred: error: {exc}\n")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
