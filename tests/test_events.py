@@ -10,6 +10,7 @@ from maitred.events import (
     LLMEnd,
     ToolEnd,
     ToolStart,
+    check_event,
     decode_batch,
     decode_event,
     dumps_batch,
@@ -131,36 +132,36 @@ def _deep(levels: int) -> dict:
     return root
 
 
-@pytest.mark.parametrize(
-    ("data", "field", "words"),
-    [
-        # integers beyond what a 64-bit column holds
-        ({"type": "llm.end", "ts": NOW, "program_id": "p", "request_id": "r", "prompt_tokens": 10**20,
-          "completion_tokens": 1}, "prompt_tokens", "less than or equal to 9223372036854775807"),
-        ({"type": "handoff", "ts": NOW, "program_id": "p", "from_agent": "a", "to_agent": "b", "context_tokens": 2**63},
-         "context_tokens", "less than or equal to"),
-        ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": {"n": [1, -(2**64)]}}, "attrs.n.1", "64-bit"),
-        # NUL bytes, in a top-level string and deep inside free-form JSON (keys too)
-        ({"type": "tool.start", "ts": NOW, "program_id": "p", "call_id": "c", "tool": "grep\x00"}, "tool", "NUL byte"),
-        ({"type": "program.wait", "ts": NOW, "program_id": "p", "reason": "\x00"}, "reason", "NUL byte"),
-        ({"type": "handoff", "ts": NOW, "program_id": "p", "from_agent": "a", "to_agent": "b",
-          "messages": [{"role": "user", "content": [{"text": "a\x00b"}]}]}, "messages.0.content.0.text", "NUL byte"),
-        ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": {"a\x00": 1}}, "attrs", "key contains a NUL"),
-        ({"type": "handoff", "ts": NOW, "program_id": "p", "from_agent": "a", "to_agent": "b", "expected_prompt": "x\x00"},
-         "expected_prompt", "NUL byte"),
-        # lone surrogates (what bytes that are not UTF-8 become)
-        ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": {"s": "\ud800"}}, "attrs.s", "not valid UTF-8"),
-        # nesting and size of free-form JSON
-        ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": _deep(300)}, "attrs.k.k", "deeper than 32"),
-        ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": {"blob": "x" * 70_000}}, "attrs",
-         "more than the 65536 allowed"),
-        ({"type": "handoff", "ts": NOW, "program_id": "p", "from_agent": "a", "to_agent": "b",
-          "messages": [{"content": "x" * (9 << 20)}]}, "messages", "more than the 8388608 allowed"),
-        # numbers JSON cannot hold
-        ({"type": "tool.end", "ts": NOW, "program_id": "p", "call_id": "c", "duration_s": float("inf")}, "duration_s", "finite"),
-        ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": {"x": float("nan")}}, "attrs.x", "not a finite number"),
-    ],
-)
+UNSTORABLE = [
+    # integers beyond what a 64-bit column holds
+    ({"type": "llm.end", "ts": NOW, "program_id": "p", "request_id": "r", "prompt_tokens": 10**20,
+      "completion_tokens": 1}, "prompt_tokens", "less than or equal to 9223372036854775807"),
+    ({"type": "handoff", "ts": NOW, "program_id": "p", "from_agent": "a", "to_agent": "b", "context_tokens": 2**63},
+     "context_tokens", "less than or equal to"),
+    ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": {"n": [1, -(2**64)]}}, "attrs.n.1", "64-bit"),
+    # NUL bytes, in a top-level string and deep inside free-form JSON (keys too)
+    ({"type": "tool.start", "ts": NOW, "program_id": "p", "call_id": "c", "tool": "grep\x00"}, "tool", "NUL byte"),
+    ({"type": "program.wait", "ts": NOW, "program_id": "p", "reason": "\x00"}, "reason", "NUL byte"),
+    ({"type": "handoff", "ts": NOW, "program_id": "p", "from_agent": "a", "to_agent": "b",
+      "messages": [{"role": "user", "content": [{"text": "a\x00b"}]}]}, "messages.0.content.0.text", "NUL byte"),
+    ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": {"a\x00": 1}}, "attrs", "key contains a NUL"),
+    ({"type": "handoff", "ts": NOW, "program_id": "p", "from_agent": "a", "to_agent": "b", "expected_prompt": "x\x00"},
+     "expected_prompt", "NUL byte"),
+    # lone surrogates (what bytes that are not UTF-8 become)
+    ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": {"s": "\ud800"}}, "attrs.s", "not valid UTF-8"),
+    # nesting and size of free-form JSON
+    ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": _deep(300)}, "attrs.k.k", "deeper than 32"),
+    ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": {"blob": "x" * 70_000}}, "attrs",
+     "more than the 65536 allowed"),
+    ({"type": "handoff", "ts": NOW, "program_id": "p", "from_agent": "a", "to_agent": "b",
+      "messages": [{"content": "x" * (9 << 20)}]}, "messages", "more than the 8388608 allowed"),
+    # numbers JSON cannot hold
+    ({"type": "tool.end", "ts": NOW, "program_id": "p", "call_id": "c", "duration_s": float("inf")}, "duration_s", "finite"),
+    ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": {"x": float("nan")}}, "attrs.x", "not a finite number"),
+]
+
+
+@pytest.mark.parametrize(("data", "field", "words"), UNSTORABLE)
 def test_what_the_store_cannot_hold_is_refused_naming_the_field(data, field, words):
     with pytest.raises(EventError) as info:
         decode_event(data, now=NOW)
@@ -203,3 +204,16 @@ def test_ndjson_splits_on_newlines_only_and_takes_a_pretty_printed_object():
     data = dict(EXAMPLES[8], reason="line\u2028separator\x1cinside")
     assert loads_batch(json.dumps(data, ensure_ascii=False), now=NOW).events[0].reason == data["reason"]
     assert loads_batch(json.dumps(EXAMPLES[8], indent=2), now=NOW).events[0].reason == "Stop"
+
+
+@pytest.mark.parametrize(("data", "field", "words"), UNSTORABLE)
+def test_events_built_in_process_are_checked_like_their_wire_form(data, field, words):
+    body = {k: v for k, v in data.items() if k != "type"}
+    event = EVENT_TYPES[data["type"]](**body)
+    with pytest.raises(EventError) as in_process:
+        check_event(event, now=NOW)
+    with pytest.raises(EventError) as wire:
+        decode_event(data, now=NOW)
+    assert in_process.value.field == wire.value.field and words in str(in_process.value)
+    for example in EXAMPLES:
+        check_event(decode_event(example, now=NOW), now=NOW)
