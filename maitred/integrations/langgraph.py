@@ -1,0 +1,411 @@
+"""LangGraph / LangChain 1.x: tool calls, model calls and handoffs as maitred events (SPEC 8).
+
+Two adapters, for the two ways graphs are built:
+
+- ``MaitredMiddleware``: pass it to ``create_agent(..., middleware=[MaitredMiddleware()])``.
+  ``wrap_tool_call`` records each tool call under the model's own ``tool_call_id`` and turns a
+  tool result ``Command(graph=Command.PARENT, goto=...)`` (langgraph-swarm's handoff tools, and
+  any hand-written one) into ``handoff`` events carrying the shared ``update["messages"]``, one
+  per ``Send`` for parallel handoffs. ``wrap_model_call`` records the step and attaches the
+  program id to the model request (``extra_body.program_id`` and an ``X-Program-Id`` header), so
+  a model served through ``maitred serve`` is scheduled as that program.
+- ``MaitredCallbackHandler``: pass it in ``config["callbacks"]`` for graphs not built with
+  ``create_agent`` and for langgraph-supervisor, whose agents (``create_react_agent``) take no
+  middleware. Its handoffs reach callbacks only as the handoff tool's ``Command``, and the
+  hand-back to the supervisor has no tool call at all, so it also watches which agent runs
+  (``graph_agent``): a change of agent that no handoff announced is recorded as one.
+
+Use one or the other on a graph, not both: each records the same tool calls.
+
+The program is ``config["metadata"]["program_id"]``, else the ``thread_id``, else the one given
+to the adapter, else the enclosing ``maitred.program``; the agent is the ``lc_agent_name``
+LangGraph puts in the config metadata (``create_agent(name=...)``), else the top-level node of
+a multi-agent graph the run is in. Telemetry never reaches the
+agent: every recording step is guarded, and the tool's result or exception passes through as is.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+from uuid import UUID
+
+from langchain.agents.middleware import AgentMiddleware, ModelRequest
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage, convert_to_openai_messages
+from langchain_core.outputs import LLMResult
+from langgraph.config import get_config
+from langgraph.prebuilt.tool_node import ToolCallRequest
+from langgraph.types import Command, Send
+
+from maitred.events import Handoff, LLMEnd, LLMStart, ToolEnd, ToolStart
+from maitred.middleware.config import emit, new_id
+from maitred.middleware.context import scope
+from maitred.middleware.handoff import context_hash
+
+log = logging.getLogger("maitred")
+
+#: The header the gateway reads the program id from (SPEC 7.5); the body key is ``program_id``.
+PROGRAM_HEADER = "X-Program-Id"
+
+
+# -- where a call belongs ---------------------------------------------------------------------
+
+
+def program_and_agent(config: Mapping[str, Any] | None, program_id: str | None = None, agent: str | None = None) -> tuple[str, str | None]:
+    """(program id, agent) of a run from its ``RunnableConfig`` (metadata, then configurable)."""
+    metadata: Mapping[str, Any] = (config or {}).get("metadata") or {}
+    configurable: Mapping[str, Any] = (config or {}).get("configurable") or {}
+    found = metadata.get("program_id") or configurable.get("thread_id") or metadata.get("thread_id") or program_id
+    current = scope()
+    return str(found or current.program_id), graph_agent(metadata) or agent or current.agent
+
+
+def graph_agent(metadata: Mapping[str, Any]) -> str | None:
+    """The agent a run belongs to: ``lc_agent_name`` (``create_agent(name=...)``), else, for a
+    run inside a subgraph, the top-level node holding it (``create_react_agent`` sets no name;
+    in a multi-agent graph each top-level node is an agent). Top-level nodes of a single agent
+    (``model``, ``tools``) are not agents, so a run at depth one has none."""
+    name = metadata.get("lc_agent_name")
+    if name:
+        return str(name)
+    namespace = metadata.get("langgraph_checkpoint_ns")
+    if isinstance(namespace, str) and "|" in namespace:
+        return namespace.split("|", 1)[0].split(":", 1)[0] or None
+    return None
+
+
+def shared_messages(value: Any) -> list[dict[str, Any]] | None:
+    """The ``messages`` of a state update or ``Send`` argument, in OpenAI chat form."""
+    if isinstance(value, Mapping):
+        messages = value.get("messages")
+    elif isinstance(value, (list, tuple)):  # an update given as (key, value) pairs
+        messages = next((v for k, v in value if k == "messages"), None) if all(isinstance(p, tuple) and len(p) == 2 for p in value) else None
+    else:
+        messages = None
+    if not messages:
+        return None
+    return [dict(m) for m in convert_to_openai_messages(list(messages))]
+
+
+def handoff_targets(result: Any) -> list[tuple[str, list[dict[str, Any]] | None]]:
+    """(destination agent, shared messages) for each handoff a tool result asks the parent graph
+    for: ``Command(graph=Command.PARENT, goto="b", update={"messages": ...})`` or, for parallel
+    handoffs, ``goto=[Send("b", {...}), ...]`` each with its own messages."""
+    if not isinstance(result, Command) or result.graph != Command.PARENT:
+        return []
+    goto = result.goto if isinstance(result.goto, (list, tuple)) else [result.goto]
+    update_messages = None
+    targets: list[tuple[str, list[dict[str, Any]] | None]] = []
+    for target in goto:
+        if isinstance(target, Send):
+            targets.append((target.node, shared_messages(target.arg)))
+        elif isinstance(target, str):
+            if update_messages is None:
+                update_messages = shared_messages(result.update)
+            targets.append((target, update_messages))
+    return targets
+
+
+# -- recording (guarded: telemetry never raises into the agent) -------------------------------
+
+
+def _guarded(what: str, fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except Exception:
+        log.debug("maitred: %s not recorded", what, exc_info=True)
+
+
+def _tool_status(result: Any) -> str:
+    return "error" if isinstance(result, ToolMessage) and result.status == "error" else "ok"
+
+
+def _exc_status(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    return "error" if isinstance(exc, Exception) else "interrupted"
+
+
+def _emit_handoffs(program_id: str, agent: str | None, targets: list[tuple[str, list[dict[str, Any]] | None]]) -> None:
+    now = time.time()
+    for to_agent, messages in targets:
+        emit(Handoff(
+            ts=now, program_id=program_id, agent=agent, from_agent=agent or "main", to_agent=to_agent,
+            messages=messages, context_hash=context_hash(messages) if messages else None,
+        ))
+
+
+def _usage(message: Any) -> tuple[int, int, int | None]:
+    """(prompt, completion, cached) tokens from an ``AIMessage.usage_metadata``."""
+    usage = getattr(message, "usage_metadata", None) or {}
+    details = usage.get("input_token_details") or {}
+    return int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0), details.get("cache_read")
+
+
+def _model_name(model: Any) -> str | None:
+    name = getattr(model, "model_name", None) or getattr(model, "model", None)
+    return name if isinstance(name, str) else None
+
+
+class _ToolRecord:
+    """One open tool call of the middleware: ``tool.start`` now, ``tool.end`` (and handoffs) later."""
+
+    __slots__ = ("program_id", "agent", "call_id", "started")
+
+    def __init__(self, request: ToolCallRequest, default_program: str | None, default_agent: str | None) -> None:
+        runtime = request.runtime
+        config = getattr(runtime, "config", None) if runtime is not None else None
+        self.program_id, self.agent = program_and_agent(config, default_program, default_agent)
+        call = request.tool_call
+        self.call_id = call.get("id") or new_id()
+        self.started = time.time()
+        emit(ToolStart(ts=self.started, program_id=self.program_id, agent=self.agent, call_id=self.call_id, tool=call["name"]))
+
+    def end(self, status: str, result: Any = None) -> None:
+        now = time.time()
+        emit(ToolEnd(ts=now, program_id=self.program_id, agent=self.agent, call_id=self.call_id,
+                     status=status, duration_s=now - self.started))  # type: ignore[arg-type]
+        targets = handoff_targets(result)
+        if targets:
+            _emit_handoffs(self.program_id, self.agent, targets)
+
+
+class _ModelRecord:
+    """One model call of the middleware, and the request carrying the program id."""
+
+    __slots__ = ("program_id", "agent", "request_id", "model")
+
+    def __init__(self, request: ModelRequest, default_program: str | None, default_agent: str | None) -> None:
+        try:
+            config: Mapping[str, Any] | None = get_config()
+        except RuntimeError:  # called outside a runnable context
+            config = None
+        self.program_id, self.agent = program_and_agent(config, default_program, default_agent)
+        self.request_id = new_id()
+        self.model = _model_name(request.model)
+
+    def tagged(self, request: ModelRequest) -> ModelRequest:
+        settings = dict(request.model_settings)
+        settings["extra_body"] = {**(settings.get("extra_body") or {}), "program_id": self.program_id}
+        settings["extra_headers"] = {**(settings.get("extra_headers") or {}), PROGRAM_HEADER: self.program_id}
+        return request.override(model_settings=settings)
+
+    def start(self) -> None:
+        emit(LLMStart(ts=time.time(), program_id=self.program_id, agent=self.agent, request_id=self.request_id, model=self.model))
+
+    def end(self, response: Any, status: str = "ok") -> None:
+        result = getattr(response, "result", None)
+        message = response if isinstance(response, AIMessage) else next(
+            (m for m in result or () if isinstance(m, AIMessage)), None)
+        prompt, completion, cached = _usage(message)
+        emit(LLMEnd(ts=time.time(), program_id=self.program_id, agent=self.agent, request_id=self.request_id,
+                    prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached, status=status))  # type: ignore[arg-type]
+
+
+def _open_tool(request: ToolCallRequest, program_id: str | None, agent: str | None) -> _ToolRecord | None:
+    try:
+        return _ToolRecord(request, program_id, agent)
+    except Exception:
+        log.debug("maitred: tool.start not recorded", exc_info=True)
+        return None
+
+
+def _open_model(request: ModelRequest, program_id: str | None, agent: str | None, record: bool) -> tuple[_ModelRecord | None, ModelRequest]:
+    try:
+        call = _ModelRecord(request, program_id, agent)
+        tagged = call.tagged(request)
+        if record:
+            call.start()
+        return (call if record else None), tagged
+    except Exception:
+        log.debug("maitred: model call not tagged", exc_info=True)
+        return None, request
+
+
+class MaitredMiddleware(AgentMiddleware):
+    """``create_agent`` middleware recording tool calls, model calls and handoffs (sync and async).
+
+    ``program_id`` and ``agent`` are fallbacks for runs whose config names neither.
+    ``record_model_calls=False`` leaves the steps to the maitred gateway when every model
+    request goes through it (it records them itself); the program id is attached either way.
+    """
+
+    def __init__(self, *, program_id: str | None = None, agent: str | None = None, record_model_calls: bool = True) -> None:
+        super().__init__()
+        self.program_id = program_id
+        self.agent = agent
+        self.record_model_calls = record_model_calls
+
+    def wrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolMessage | Command]) -> ToolMessage | Command:
+        call = _open_tool(request, self.program_id, self.agent)
+        try:
+            result = handler(request)
+        except BaseException as exc:
+            if call is not None:
+                status = _exc_status(exc)
+                _guarded("tool.end", lambda: call.end(status))
+            raise
+        if call is not None:
+            _guarded("tool.end", lambda: call.end(_tool_status(result), result))
+        return result
+
+    async def awrap_tool_call(
+        self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command]],
+    ) -> ToolMessage | Command:
+        call = _open_tool(request, self.program_id, self.agent)
+        try:
+            result = await handler(request)
+        except BaseException as exc:
+            if call is not None:
+                status = _exc_status(exc)
+                _guarded("tool.end", lambda: call.end(status))
+            raise
+        if call is not None:
+            _guarded("tool.end", lambda: call.end(_tool_status(result), result))
+        return result
+
+    def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], Any]) -> Any:
+        call, tagged = _open_model(request, self.program_id, self.agent, self.record_model_calls)
+        try:
+            response = handler(tagged)
+        except BaseException:
+            if call is not None:
+                _guarded("llm.end", lambda: call.end(None, "error"))
+            raise
+        if call is not None:
+            _guarded("llm.end", lambda: call.end(response))
+        return response
+
+    async def awrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[Any]]) -> Any:
+        call, tagged = _open_model(request, self.program_id, self.agent, self.record_model_calls)
+        try:
+            response = await handler(tagged)
+        except BaseException:
+            if call is not None:
+                _guarded("llm.end", lambda: call.end(None, "error"))
+            raise
+        if call is not None:
+            _guarded("llm.end", lambda: call.end(response))
+        return response
+
+
+class MaitredCallbackHandler(BaseCallbackHandler):
+    """LangChain callbacks recording tool calls, model calls and handoffs of any graph.
+
+    Handoffs come from the handoff tool's ``Command`` (``on_tool_end``'s output) and, for the
+    hand-backs that have no tool call (langgraph-supervisor returning to its supervisor), from
+    the change of ``lc_agent_name`` between runs of one program. Runs inline (it only queues
+    events), so async graphs do not pay for a thread hop per callback.
+    """
+
+    run_inline = True
+
+    def __init__(self, *, program_id: str | None = None, agent: str | None = None) -> None:
+        super().__init__()
+        self.program_id = program_id
+        self.agent = agent
+        self._tools: dict[UUID, tuple[str, str | None, str, float]] = {}
+        self._models: dict[UUID, tuple[str, str | None]] = {}
+        #: Per program: the agent that ran last, and handoff destinations not yet entered.
+        self._last_agent: dict[str, str] = {}
+        self._announced: dict[str, list[str]] = {}
+        self._roots: dict[UUID, str] = {}
+
+    def _where(self, metadata: Mapping[str, Any] | None) -> tuple[str, str | None]:
+        return program_and_agent({"metadata": metadata or {}}, self.program_id, self.agent)
+
+    # tools
+
+    def on_tool_start(self, serialized: dict[str, Any], input_str: str, *, run_id: UUID,
+                      metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        def record() -> None:
+            program_id, agent = self._where(metadata)
+            call_id = kwargs.get("tool_call_id") or str(run_id)
+            tool = kwargs.get("name") or (serialized or {}).get("name") or "tool"
+            now = time.time()
+            self._tools[run_id] = (program_id, agent, call_id, now)
+            emit(ToolStart(ts=now, program_id=program_id, agent=agent, call_id=call_id, tool=tool))
+        _guarded("tool.start", record)
+
+    def _tool_done(self, run_id: UUID, status: str, output: Any = None) -> None:
+        opened = self._tools.pop(run_id, None)
+        if opened is None:
+            return
+        program_id, agent, call_id, started = opened
+        now = time.time()
+        emit(ToolEnd(ts=now, program_id=program_id, agent=agent, call_id=call_id, status=status, duration_s=now - started))  # type: ignore[arg-type]
+        targets = handoff_targets(output)
+        if targets:
+            self._announced.setdefault(program_id, []).extend(t for t, _ in targets)
+            _emit_handoffs(program_id, agent, targets)
+
+    def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        _guarded("tool.end", lambda: self._tool_done(run_id, _tool_status(output), output))
+
+    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        _guarded("tool.end", lambda: self._tool_done(run_id, _exc_status(error)))
+
+    # model calls
+
+    def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: UUID,
+                            metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        def record() -> None:
+            program_id, agent = self._where(metadata)
+            self._models[run_id] = (program_id, agent)
+            model = (metadata or {}).get("ls_model_name")
+            emit(LLMStart(ts=time.time(), program_id=program_id, agent=agent, request_id=str(run_id),
+                          model=model if isinstance(model, str) else None))
+        _guarded("llm.start", record)
+
+    def _model_done(self, run_id: UUID, response: LLMResult | None, status: str) -> None:
+        opened = self._models.pop(run_id, None)
+        if opened is None:
+            return
+        program_id, agent = opened
+        message = None
+        if response is not None and response.generations and response.generations[0]:
+            message = getattr(response.generations[0][0], "message", None)
+        prompt, completion, cached = _usage(message)
+        emit(LLMEnd(ts=time.time(), program_id=program_id, agent=agent, request_id=str(run_id), prompt_tokens=prompt,
+                    completion_tokens=completion, cached_tokens=cached, status=status))  # type: ignore[arg-type]
+
+    def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
+        _guarded("llm.end", lambda: self._model_done(run_id, response, "ok"))
+
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        _guarded("llm.end", lambda: self._model_done(run_id, None, "error"))
+
+    # agent transitions
+
+    def on_chain_start(self, serialized: dict[str, Any] | None, inputs: Any, *, run_id: UUID,
+                       parent_run_id: UUID | None = None, metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        _guarded("handoff", lambda: self._entered(run_id, parent_run_id, metadata, inputs))
+
+    def _entered(self, run_id: UUID, parent_run_id: UUID | None, metadata: dict[str, Any] | None, inputs: Any) -> None:
+        program_id, _ = self._where(metadata)
+        if parent_run_id is None:
+            self._roots[run_id] = program_id
+        agent = graph_agent(metadata or {})
+        if not agent:
+            return
+        last = self._last_agent.get(program_id)
+        self._last_agent[program_id] = agent
+        if last is None or last == agent:
+            return
+        announced = self._announced.get(program_id) or []
+        if agent in announced:  # the handoff tool already recorded this one
+            announced.remove(agent)
+            return
+        _emit_handoffs(program_id, last, [(agent, shared_messages(inputs))])
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        program_id = self._roots.pop(run_id, None)
+        if program_id is not None:  # the graph run is over: forget its transitions
+            self._last_agent.pop(program_id, None)
+            self._announced.pop(program_id, None)
+
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self.on_chain_end(None, run_id=run_id)
