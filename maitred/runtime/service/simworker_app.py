@@ -106,7 +106,8 @@ class SimWorker:
                 f"{min(CONTEXT_LENGTH, self.gpu_tokens)}-token limit (--gpu-tokens)", field)
 
     def submit(self, prompt: Prompt, reply: Reply, body: Mapping[str, Any], stream: bool) -> Ticket:
-        return self.engine.submit(prompt, reply.output_ids, priority=_priority(body), stream=stream)
+        """Queue a parsed request (``_priority`` was checked while parsing)."""
+        return self.engine.submit(prompt, reply.output_ids, priority=body.get("priority"), stream=stream)
 
 
 def _usage(ticket: Ticket) -> dict[str, Any]:
@@ -326,6 +327,8 @@ def build_app(config: SimWorkerConfig) -> FastAPI:
 
 
 def _stream_flag(body: Mapping[str, Any]) -> bool:
+    """``stream``, after checking the fields every generation endpoint shares."""
+    _priority(body)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest(f"stream: expected true or false, got {stream!r}", "stream")

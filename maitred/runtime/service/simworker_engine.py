@@ -8,8 +8,8 @@ the engine's next batch change (or a short streaming interval) and advances it.
 The engine model thinks in programs and agents; an HTTP server sees only prompts. The
 ``ConversationIndex`` maps one onto the other the way a radix cache would see it: a request
 continues the conversation whose cached sequence (previous prompt plus its output) it extends
-— found through the hash chain of its 16-token pages — and every other request starts a new
-one. Programs of one agent share its prefix (system prompt and tool definitions). A request
+— found through the hash chain of its 16-token pages, or for sequences shorter than a page
+through their whole — and every other request starts a new one. Programs of one agent share its prefix (system prompt and tool definitions). A request
 that only partly matches a conversation (an edited history, two programs with the same first
 message) starts a new conversation and is credited with the agent prefix only: the double
 under-reports such hits rather than inventing ones a radix tree would not have.
@@ -36,6 +36,11 @@ def _chain(ids: list[int]) -> list[int]:
         h = hash((h, tuple(ids[start:start + PAGE])))
         out.append(h)
     return out
+
+
+def _short(ids: list[int]) -> int:
+    """Key of a whole sequence shorter than a page (page hashes cannot see it)."""
+    return hash(("short", tuple(ids)))
 
 
 def _common(a: list[int], b: list[int]) -> int:
@@ -68,14 +73,17 @@ class ConversationIndex:
         return len(self._convs)
 
     def resolve(self, prompt: Prompt, busy: Container[str]) -> str:
-        for h in reversed(_chain(prompt.ids)):
-            key = self._owner.get(h)
+        ids = prompt.ids
+        keys = [self._owner.get(h) for h in reversed(_chain(ids))]
+        if not any(keys):  # perhaps a conversation shorter than a page: try the request's short prefixes
+            keys = [self._owner.get(_short(ids[:n])) for n in range(min(len(ids), PAGE - 1), 0, -1)]
+        for key in keys:
             conv = self._convs.get(key) if key is not None else None
             if key is None or conv is None:
                 continue
             if conv.agent == prompt.agent and key not in busy:
-                common = _common(conv.tokens, prompt.ids)
-                if common in (len(conv.tokens), len(prompt.ids)):
+                common = _common(conv.tokens, ids)
+                if common in (len(conv.tokens), len(ids)):
                     return key
             break
         self._made += 1
@@ -84,14 +92,20 @@ class ConversationIndex:
     def record(self, key: str, agent: str, tokens: list[int]) -> None:
         """``key``'s cached sequence is now ``tokens`` (its prompt followed by its output)."""
         self._convs[key] = Conversation(agent, tokens)
-        for h in _chain(tokens):
+        for h in self._keys(tokens):
             self._owner[h] = key
+
+    @staticmethod
+    def _keys(tokens: list[int]) -> list[int]:
+        """Its page hashes, and the keys of its first few prefixes shorter than a page (so a
+        short request finds the conversation it begins, and a request finds a short one)."""
+        return _chain(tokens) + [_short(tokens[:n]) for n in range(1, min(len(tokens), PAGE - 1) + 1)]
 
     def forget(self, key: str) -> None:
         conv = self._convs.pop(key, None)
         if conv is None:
             return
-        for h in _chain(conv.tokens):
+        for h in self._keys(conv.tokens):
             if self._owner.get(h) == key:
                 del self._owner[h]
 
