@@ -3,8 +3,9 @@ import json
 import numpy as np
 import pytest
 from alembic.autogenerate import compare_metadata
+from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine, func, select, text
+from sqlalchemy import create_engine, func, inspect, select, text
 
 from maitred.events import Handoff, LLMEnd, ProgramStart, ToolEnd, ToolStart, decode_batch
 from maitred.storage import (
@@ -16,6 +17,7 @@ from maitred.storage import (
     StoreError,
     normalize_db_url,
 )
+from maitred.storage.migrate import scripts
 from maitred.storage.models import Base, EventRow, ToolCallRow
 
 T0 = 1_800_000_000.0
@@ -288,3 +290,41 @@ def test_a_corrupt_sqlite_file_is_named_not_dumped(tmp_path):
 def test_check_integrity_finds_nothing_wrong_with_a_fresh_store(store):
     store.write(tool_events_objects(5))
     assert store.check_integrity() == []
+
+
+def first_revision_tables(url: str, *, keep: set[str] | None = None, rows: bool = False) -> None:
+    """What earlier versions left when killed mid-migration: revision 0001's tables (or only
+    ``keep`` of them), created statement by statement, with no version stamp."""
+    engine = create_engine(url)
+    with engine.begin() as conn, Operations.context(MigrationContext.configure(conn)):
+        scripts().get_revision("0001").module.upgrade()
+        for table in set(inspect(conn).get_table_names()) - (keep or set(Base.metadata.tables)):
+            conn.execute(text(f'DROP TABLE "{table}"'))
+        if rows:
+            body = json.dumps({"type": "program.start", "ts": 1.0, "program_id": "p"})
+            conn.execute(text("INSERT INTO events (event_key, type, ts, program_id, body) VALUES ('k', 'program.start', 1.0, 'p', :b)"),
+                         {"b": body})
+    engine.dispose()
+
+
+def test_first_revision_tables_without_a_stamp_are_adopted_with_their_rows(db_url):
+    first_revision_tables(db_url, rows=True)
+    with SessionStore(db_url) as store:
+        assert store.check_integrity() == []
+        assert [e["program_id"] for e in store.events()] == ["p"]
+        assert store.write(tool_events_objects(1)).stored == 2
+
+
+def test_empty_leftovers_of_an_interrupted_first_migration_are_rebuilt(db_url):
+    first_revision_tables(db_url, keep={"events", "programs"})
+    with SessionStore(db_url) as store:
+        assert store.check_integrity() == []
+        assert store.write(tool_events_objects(3)).stored == 6
+
+
+def test_unstamped_tables_that_hold_rows_and_do_not_match_are_named_not_touched(db_url):
+    first_revision_tables(db_url, keep={"events"}, rows=True)
+    with pytest.raises(StoreError, match="without a version stamp .*missing tables handoffs, llm_calls, programs, tool_calls"):
+        SessionStore(db_url)
+    with SessionStore(db_url, migrate=False) as store:
+        assert [e["program_id"] for e in store.events()] == ["p"]
