@@ -3,7 +3,8 @@
 import json
 import socket
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from maitred.events import Event
@@ -77,3 +78,28 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class GatedSink(ListSink):
+    """Holds every send until ``gate`` is set; ``entered`` is set once a send is waiting, so a
+    test knows the worker is busy without sleeping."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def send(self, events: Sequence[Event]) -> int:
+        self.entered.set()
+        self.gate.wait(30)
+        return super().send(events)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30.0, interval: float = 0.01) -> bool:
+    """Poll ``condition`` until it holds (True) or ``timeout`` passes (False)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    return True

@@ -5,14 +5,16 @@ arguments or the environment (``MAITRED_URL``, ``MAITRED_DB``, ``MAITRED_TOKEN``
 """
 
 import atexit
+import dataclasses
 import itertools
 import logging
 import os
 import threading
+import time
 import uuid
 
 from maitred.events import Event
-from maitred.middleware.emitter import Emitter, EmitterSettings, EmitterStats
+from maitred.middleware.emitter import Emitter, EmitterSettings, EmitterStats, Overflow
 from maitred.middleware.sinks import HttpSink, Sink, StoreSink
 
 log = logging.getLogger("maitred")
@@ -36,6 +38,7 @@ def configure(
     token: str | None = None,
     settings: EmitterSettings | None = None,
     sinks: list[Sink] | None = None,
+    overflow: Overflow | None = None,
 ) -> None:
     """Choose where events go. Replaces (and flushes) any earlier configuration.
 
@@ -43,8 +46,15 @@ def configure(
     ``db_url`` they are written to that store; with both, to both. With neither, the
     environment decides (``MAITRED_URL``, then ``MAITRED_DB``), else ``sqlite:///maitred.db``.
     ``sinks`` replaces all of that with sinks of your own.
+
+    ``overflow="block"`` (for batch jobs that must keep every event) makes a call that finds
+    the queue full wait for room, at most ``settings.block_timeout_s``, instead of dropping the
+    oldest event; see ``EmitterSettings``. The earlier configuration gets at most its
+    ``flush_timeout_s`` to deliver what it holds, and no wait at all while its sink is down.
     """
     global _emitters
+    if overflow is not None:
+        settings = dataclasses.replace(settings or EmitterSettings(), overflow=overflow)
     runtime_url = runtime_url or (None if db_url else os.environ.get("MAITRED_URL"))
     token = token or os.environ.get("MAITRED_TOKEN")
     if sinks is None:
@@ -56,8 +66,7 @@ def configure(
     new = [Emitter(sink, settings) for sink in sinks]
     with _lock:
         old, _emitters = _emitters, new
-    for emitter in old or ():
-        emitter.shutdown(timeout=5.0)
+    _shutdown_all(old or [], None)
 
 
 def _active() -> list[Emitter]:
@@ -91,21 +100,24 @@ def new_id() -> str:
     return f"{_id_prefix}-{next(_ids)}"
 
 
-def flush(timeout: float = 5.0) -> bool:
-    """Wait until events emitted so far are persisted or sent. False (and a warning naming how
-    many are still queued and dropped) if ``timeout`` passed first; it never waits much longer."""
+def flush(timeout: float | None = None) -> bool:
+    """Wait until events emitted so far are persisted or sent, for at most ``timeout`` seconds
+    (default: the configured ``flush_timeout_s``) in all.
+
+    True only if every event emitted before the call was delivered to every sink and none was
+    dropped since the previous ``flush`` — not by a full queue, not refused for its content, not
+    refused by the store. Otherwise False, after a warning with the counts."""
     emitters = _emitters or []
     if not emitters:
         return True
-    share = timeout / len(emitters)
-    ok = all([emitter.flush(share) for emitter in emitters])
+    deadline = time.monotonic() + (emitters[0].settings.flush_timeout_s if timeout is None else timeout)
+    for emitter in emitters:
+        emitter.wake()
+    ok = all([emitter.flush(max(0.0, deadline - time.monotonic())) for emitter in emitters])
     if not ok:
         for s in stats():
-            if s.queued or s.dropped:
-                log.warning(
-                    "maitred: flush timed out for %s: %d queued, %d dropped (%s)",
-                    s.sink, s.queued, s.dropped, s.last_error,
-                )
+            if s.queued:
+                log.warning("maitred: flush timed out for %s: %d still queued (%s)", s.sink, s.queued, s.last_error)
     return ok
 
 
@@ -114,12 +126,25 @@ def stats() -> list[EmitterStats]:
     return [emitter.stats() for emitter in _emitters or []]
 
 
-def shutdown(timeout: float = 5.0) -> bool:
-    """Flush and stop all emitters (also run at interpreter exit)."""
+def shutdown(timeout: float | None = None) -> bool:
+    """Flush and stop all emitters (also run at interpreter exit), within ``timeout`` seconds in
+    all (default: the configured ``flush_timeout_s``), and without waiting for a sink that is
+    down beyond one more attempt. Events not delivered are counted as dropped, with a warning.
+    Returns what ``flush`` would."""
     global _emitters
     with _lock:
         emitters, _emitters = _emitters or [], None
-    return all([emitter.shutdown(timeout) for emitter in emitters])
+    return _shutdown_all(emitters, timeout)
+
+
+def _shutdown_all(emitters: list[Emitter], timeout: float | None) -> bool:
+    """One deadline for all: each emitter's thread delivers at the same time as the others."""
+    if not emitters:
+        return True
+    deadline = time.monotonic() + (emitters[0].settings.flush_timeout_s if timeout is None else timeout)
+    for emitter in emitters:
+        emitter.wake()
+    return all([emitter.shutdown(max(0.0, deadline - time.monotonic())) for emitter in emitters])
 
 
 def _after_fork() -> None:

@@ -5,7 +5,8 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from contextvars import Token
+from typing import Any, Literal
 
 from maitred.events import ProgramEnd, ProgramStart
 from maitred.middleware.config import emit
@@ -34,7 +35,7 @@ class program:
         self.framework = framework
         self.parent_program_id = parent_program_id
         self.attrs = attrs
-        self._token = None
+        self._token: Token[Scope | None] | None = None
 
     def __enter__(self) -> "program":
         outer = current_scope.get()
@@ -49,8 +50,9 @@ class program:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        current_scope.reset(self._token)
-        status = "ok"
+        if self._token is not None:
+            current_scope.reset(self._token)
+        status: Literal["ok", "error", "cancelled"] = "ok"
         if exc_type is not None:
             status = "cancelled" if issubclass(exc_type, (asyncio.CancelledError, KeyboardInterrupt)) else "error"
         emit(ProgramEnd(ts=time.time(), program_id=self.program_id, agent=self.agent, status=status))

@@ -1,24 +1,29 @@
 """Where batches of events go: the session store, or a running maitred runtime over HTTP.
 
 A sink's ``send`` raises on failure (the emitter owns retries, backoff and drop accounting) and
-returns how many events it refused for their content, which the emitter counts as dropped.
-``PermanentSinkError`` marks a whole batch that can never succeed, so the emitter drops it
-instead of retrying forever.
+returns how many events it refused for their content, which the emitter counts as dropped and
+rejected; the sink logs why (rate-limited). ``PermanentSinkError`` marks a whole batch that can
+never succeed, so the emitter drops it instead of retrying forever.
 """
 
 import logging
+import time
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
-from maitred.events import Event, EventError, decode_event, dumps_batch, encode_event
+from maitred.events import Event, EventError, check_event, dumps_batch
+
+if TYPE_CHECKING:
+    from maitred.storage import SessionStore
 
 log = logging.getLogger("maitred")
 
 
 class PermanentSinkError(Exception):
-    """The batch was refused for what it contains; retrying it cannot help."""
+    """The batch was refused for what it contains, or the sink can never take it; retrying
+    cannot help."""
 
 
 class Sink(Protocol):
@@ -27,16 +32,41 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
-def valid_events(events: Sequence[Event]) -> list[Event]:
+class Throttled:
+    """Warnings limited to ``burst`` per ``interval_s``; the first one after a pause says how
+    many were held back, so a flood of bad events costs a few lines, not one per event."""
+
+    def __init__(self, interval_s: float = 10.0, burst: int = 5) -> None:
+        self.interval_s = interval_s
+        self.burst = burst
+        self._window_end = 0.0
+        self._sent = 0
+        self._held = 0
+
+    def warning(self, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now >= self._window_end:
+            self._window_end, self._sent = now + self.interval_s, 0
+        if self._sent >= self.burst:
+            self._held += 1
+            return
+        self._sent += 1
+        if self._held:
+            message += f" ({self._held} more held back before this)"
+            self._held = 0
+        log.warning(message, *args)
+
+
+def valid_events(events: Sequence[Event], refusals: Throttled) -> list[Event]:
     """Events built in-process skip validation on the agent's hot path; check them here, on the
-    emitter's thread, so one bad value (a 10 KB program id) is refused alone instead of failing
-    every retry of the whole batch against the database."""
+    emitter's thread, so one bad value (a 10 KB program id, a NUL byte, attrs nested 300 deep)
+    is refused alone instead of failing every retry of the whole batch against the database."""
     valid: list[Event] = []
     for event in events:
         try:
-            decode_event(encode_event(event))
+            check_event(event)
         except EventError as exc:
-            log.warning("maitred: refused a %s event: %s", event.TYPE, exc)
+            refusals.warning("maitred: refused a %s event: %s", event.TYPE, exc)
         else:
             valid.append(event)
     return valid
@@ -44,20 +74,47 @@ def valid_events(events: Sequence[Event]) -> list[Event]:
 
 class StoreSink:
     """Writes through ``SessionStore``; the store (and its migrations) open on the first batch,
-    in the emitter's thread, so configuring never touches the database in the caller's thread."""
+    in the emitter's thread, so configuring never touches the database in the caller's thread.
 
-    def __init__(self, db_url: str) -> None:
+    Events the database refuses are isolated by the store and counted here as refused. A
+    database this maitred cannot write — written by a newer maitred, or corrupt — is reported
+    once at ERROR and every batch for it is dropped (counted), never retried as an outage."""
+
+    def __init__(self, db_url: str, *, connect_timeout_s: float = 3.0) -> None:
         self.db_url = db_url
-        self._store = None
+        self.connect_timeout_s = connect_timeout_s
+        self._store: SessionStore | None = None
+        self._unusable: str | None = None
+        self._refusals = Throttled()
+
+    def _open(self) -> "SessionStore":
+        from maitred.storage import DatabaseCorrupt, DatabaseTooNew, SessionStore
+
+        if self._unusable is not None:
+            raise PermanentSinkError(self._unusable)
+        if self._store is None:
+            try:
+                self._store = SessionStore(self.db_url, connect_timeout_s=self.connect_timeout_s)
+            except (DatabaseTooNew, DatabaseCorrupt) as exc:
+                self._unusable = str(exc)
+                log.error("maitred: %s", exc)
+                raise PermanentSinkError(self._unusable) from None
+        return self._store
 
     def send(self, events: Sequence[Event]) -> int:
-        if self._store is None:
-            from maitred.storage import SessionStore
+        from maitred.storage import DatabaseCorrupt
 
-            self._store = SessionStore(self.db_url, connect_timeout_s=3.0)
-        valid = valid_events(events)
-        self._store.write(valid)
-        return len(events) - len(valid)
+        store = self._open()
+        valid = valid_events(events, self._refusals)
+        try:
+            result = store.write(valid)
+        except DatabaseCorrupt as exc:
+            self._unusable = str(exc)
+            log.error("maitred: %s", exc)
+            raise PermanentSinkError(self._unusable) from None
+        for rejected in result.rejected:
+            self._refusals.warning("maitred: the store refused a %s event: %s", rejected.type, rejected.reason)
+        return len(events) - len(valid) + len(result.rejected)
 
     def close(self) -> None:
         if self._store is not None:
@@ -66,26 +123,42 @@ class StoreSink:
 
 
 class HttpSink:
-    """POSTs each batch as a JSON array to ``<runtime_url>/v1/events``."""
+    """POSTs batches as JSON arrays to ``<runtime_url>/v1/events``, at most
+    ``max_events_per_request`` events per request so a deep queue never makes a body the
+    runtime refuses as too large. A request the runtime refuses (400, 413, 422) counts its
+    events as refused; the rest of the batch still goes."""
 
-    def __init__(self, runtime_url: str, *, token: str | None = None, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, runtime_url: str, *, token: str | None = None, timeout_s: float = 5.0, max_events_per_request: int = 1_000,
+    ) -> None:
         self.url = runtime_url.rstrip("/") + "/v1/events"
+        self.max_events_per_request = max_events_per_request
         headers = {"content-type": "application/json", "user-agent": "maitred-middleware"}
         if token:
             headers["authorization"] = f"Bearer {token}"
         self._client = httpx.Client(headers=headers, timeout=timeout_s)
+        self._refusals = Throttled()
 
     def send(self, events: Sequence[Event]) -> int:
+        """A retried batch may re-send requests that already went: the store keys every event,
+        so nothing is stored twice."""
+        valid = valid_events(events, self._refusals)
+        step = self.max_events_per_request
+        return len(events) - len(valid) + sum(self._post(valid[i:i + step]) for i in range(0, len(valid), step))
+
+    def _post(self, events: Sequence[Event]) -> int:
         response = self._client.post(self.url, content=dumps_batch(events))
         if response.status_code in (400, 413, 422):
-            raise PermanentSinkError(f"{self.url} refused the batch: {response.status_code} {response.text[:300]}")
+            self._refusals.warning("maitred: %s refused %d events: %s %s", self.url, len(events), response.status_code,
+                                   response.text[:300])
+            return len(events)
         response.raise_for_status()
         try:
             rejected = response.json().get("rejected") or []
         except (ValueError, AttributeError):
             return 0
         if rejected:
-            log.warning("maitred: the runtime refused %d events, first: %s", len(rejected), rejected[0])
+            self._refusals.warning("maitred: the runtime refused %d events, first: %s", len(rejected), rejected[0])
         return len(rejected)
 
     def close(self) -> None:

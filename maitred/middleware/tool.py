@@ -24,9 +24,10 @@ from maitred.middleware.context import scope
 log = logging.getLogger("maitred")
 F = TypeVar("F", bound=Callable[..., Any])
 _UNITS = {"s": 1.0, "ms": 1e-3}
+Status = Literal["ok", "error", "timeout", "interrupted"]
 
 
-def _status_of(exc: BaseException) -> Literal["error", "timeout", "interrupted"]:
+def _status_of(exc: BaseException) -> Status:
     if isinstance(exc, TimeoutError):
         return "timeout"
     if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt, GeneratorExit)):
@@ -88,7 +89,7 @@ class ToolCall:
         except Exception:
             log.debug("maitred: progress not recorded", exc_info=True)
 
-    def end(self, status: str = "ok") -> None:
+    def end(self, status: Status = "ok") -> None:
         now = time.time()
         emit(ToolEnd(
             ts=now, program_id=self.program_id, agent=self.agent, call_id=self.call_id,
@@ -104,7 +105,7 @@ def _open(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolCal
         return None
 
 
-def _close(call: ToolCall | None, status: str) -> None:
+def _close(call: ToolCall | None, status: Status) -> None:
     if call is None:
         return
     try:
@@ -118,7 +119,7 @@ def _wrap(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
         @functools.wraps(fn)
         async def agen_wrapper(*args: Any, **kwargs: Any) -> Any:
             call = _open(spec, args, kwargs)
-            status = "ok"
+            status: Status = "ok"
             inner = fn(*args, **kwargs)
             try:
                 item = await inner.__anext__()
