@@ -306,3 +306,116 @@ def test_client_against_a_running_sim_worker() -> None:
             return await SGLangWorker(url, client, health_timeout_s=0.5).healthy()
 
     assert asyncio.run(after_stop()) is False
+
+
+# -- KV events -------------------------------------------------------------------------------
+# Encoding from python/sglang/srt/disaggregation/kv_events.py (SGLang 0.5.23): multipart
+# [topic, 8-byte big-endian seq, msgpack EventBatch]; EventBatch is the array [ts, events,
+# attn_dp_rank]; each event a tagged map (msgspec tag=True, omit_defaults=True): "type" first,
+# then every field without a default, then the optional ones that are set.
+
+H1, H2, H3 = -8_212_101_512_310_441_000, 4_411_902_118_775_002_113, 731_442_900_118_552_311
+
+
+def _stored(hashes: list[int], parent: int | None, tokens: int, *, medium: str = "GPU", session: str | None = None) -> dict[str, Any]:
+    event: dict[str, Any] = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+                             "token_ids": list(range(100, 100 + tokens)), "block_size": tokens // len(hashes),
+                             "lora_id": None, "medium": medium}
+    if session is not None:
+        event["session_id"] = session
+    return event
+
+
+def _removed(hashes: list[int], medium: str = "GPU") -> dict[str, Any]:
+    return {"type": "BlockRemoved", "block_hashes": hashes, "medium": medium}
+
+
+def _batch(*events: dict[str, Any]) -> bytes:
+    import msgpack
+
+    return msgpack.packb([1764500300.25, list(events), None])
+
+
+def test_kv_event_batches_decode_in_both_encodings() -> None:
+    from maitred.runtime.service.kv_events import KVEventError, decode_batch
+
+    batch = decode_batch(_batch(_stored([H1, H2], None, 32, session="p1"), _removed([H2]), {"type": "AllBlocksCleared"},
+                                {"type": "SomethingNewer", "x": 1}))
+    assert [e.kind for e in batch.events] == ["BlockStored", "BlockRemoved", "AllBlocksCleared"]
+    assert batch.events[0].block_hashes == (H1, H2) and batch.events[0].tokens == 32
+    assert batch.events[0].session_id == "p1" and batch.events[0].medium == "GPU"
+    import msgpack
+
+    positional = decode_batch(msgpack.packb([1.0, [["BlockStored", [H3], H1, [1, 2, 3], 3, None, "CPU_PINNED"]], 0]))
+    assert positional.attn_dp_rank == 0
+    assert positional.events[0].parent_block_hash == H1 and positional.events[0].medium == "CPU_PINNED"
+    with pytest.raises(KVEventError, match="payload"):
+        decode_batch(b"\xc1")
+    with pytest.raises(KVEventError, match=r"events\[0\].block_hashes"):
+        decode_batch(msgpack.packb([1.0, [{"type": "BlockRemoved", "block_hashes": "all"}], None]))
+
+
+def test_residency_follows_stores_evictions_and_host_copies() -> None:
+    from maitred.runtime.service.kv_events import ResidencyTracker, decode_batch
+
+    tracker = ResidencyTracker()
+    tracker.apply(decode_batch(_batch(_stored([H1, H2], None, 32, session="p1"))), seq=0)
+    tracker.apply(decode_batch(_batch(_stored([H3], H1, 16, session="p2"))), seq=1)
+    assert (tracker.session_tokens("p1"), tracker.session_tokens("p2")) == (32, 32)  # p2 shares p1's first block
+    assert tracker.held_tokens() == 48 and tracker.prefix_tokens(H3) == 32
+    tracker.apply(decode_batch(_batch(_stored([H2], H1, 16, medium="CPU_PINNED"), _removed([H2]))), seq=2)
+    assert tracker.session_tokens("p1") == 16                   # the leaf left the GPU; its parent is still there
+    assert tracker.session_tokens("p1", "CPU_PINNED") == 32     # HiCache kept a host copy
+    tracker.apply(decode_batch(_batch(_removed([H2], "CPU_PINNED"))), seq=5)
+    assert tracker.gaps == 2 and tracker.session_tokens("p1", "CPU_PINNED") == 0
+    tracker.apply(decode_batch(_batch({"type": "AllBlocksCleared"})), seq=6)
+    assert tracker.held_tokens() == 0 and tracker.session_tokens("p2") == 0 and tracker.session_tokens("nobody") == 0
+
+
+def test_kv_event_endpoints_come_from_server_info() -> None:
+    from maitred.runtime.service.kv_events import endpoints_from_server_info
+
+    info = dict(SERVER_INFO, kv_events={"publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": 5557, "topic": "",
+                                        "block_size": 16, "dp_size": 2})
+    assert endpoints_from_server_info("http://gpu-0:30000", info) == ["tcp://gpu-0:5557", "tcp://gpu-0:5558"]
+    assert endpoints_from_server_info("http://gpu-0:30000", SERVER_INFO) == []
+
+
+def test_subscriber_tracks_a_real_zmq_publisher() -> None:
+    zmq = pytest.importorskip("zmq", reason="the kv-events extra (pyzmq) is not installed")
+    from maitred.runtime.service.kv_events import KVEventSubscriber
+
+    ctx = zmq.Context.instance()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    seq = 0
+
+    def publish(payload: bytes) -> None:
+        nonlocal seq
+        pub.send_multipart([b"", seq.to_bytes(8, "big"), payload])
+        seq += 1
+
+    def until(condition: Any) -> None:
+        deadline = time.monotonic() + 30
+        while not condition():
+            assert time.monotonic() < deadline, "subscriber did not catch up"
+            time.sleep(0.01)
+
+    try:
+        with KVEventSubscriber(f"tcp://127.0.0.1:{port}") as sub:
+            # PUB drops messages until the subscription has propagated: publish harmless batches until one lands.
+            def probe() -> bool:
+                publish(_batch({"type": "AllBlocksCleared"}))
+                return sub.tracker.batches > 0
+
+            until(probe)
+            publish(_batch(_stored([H1, H2], None, 32, session="prog-1")))
+            publish(b"not msgpack \xc1")
+            publish(_batch(_stored([H3], H2, 16, session="prog-1")))
+            until(lambda: sub.tracker.session_tokens("prog-1") == 48)
+            publish(_batch(_removed([H3])))
+            until(lambda: sub.tracker.session_tokens("prog-1") == 32)
+            assert sub.malformed == 1 and sub.tracker.gaps == 1  # the unreadable batch's events are lost
+    finally:
+        pub.close()

@@ -6,7 +6,6 @@ import argparse
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +20,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from maitred.runtime.service.sglang import parse_loads, parse_server_info
-from maitred.runtime.service.simworker import SimWorkerConfig, SimWorkerThread, add_arguments, config_from_args, run
+from maitred.runtime.service.simworker import (
+    SimWorkerConfig,
+    SimWorkerThread,
+    add_arguments,
+    config_from_args,
+    create_app,
+    run,
+)
 from maitred.runtime.service.simworker_tokens import count_tokens, render_chat
 from tests.helpers import free_port
 
@@ -429,7 +435,6 @@ def test_run_refuses_a_missing_profile_and_a_busy_port(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match=f"--port {busy.config.port}"):
             run(_parse(["--port", str(busy.config.port)]))
     with pytest.raises(ValueError, match="--profile"):
-        from maitred.runtime.service.simworker import create_app
         create_app(SimWorkerConfig(profile=str(bad)))
 
 
@@ -487,4 +492,3 @@ def test_sglang_router_registers_two_sim_workers_and_routes_through_them() -> No
         finally:
             router.terminate()
             router.wait(30)
-    assert shutil.which  # the router process is gone with the block above
