@@ -133,16 +133,18 @@ def _sse(payload: Any) -> bytes:
 
 
 async def _progress(ticket: Ticket) -> AsyncIterator[int]:
-    """Yields the number of output tokens generated so far each time it grows, until done."""
+    """Yields the number of output tokens generated so far each time it grows (once, at the end,
+    for a request with no output), until the request is done."""
     sent = 0
     while True:
+        ticket.changed.clear()  # before reading: a change while the consumer holds a value is not lost
         done = ticket.done.is_set()
-        if ticket.generated > sent or (done and sent == 0):
-            sent = ticket.generated
+        generated = ticket.generated
+        if generated > sent or (done and sent == 0):
+            sent = generated
             yield sent
         if done:
             return
-        ticket.changed.clear()
         await ticket.changed.wait()
 
 

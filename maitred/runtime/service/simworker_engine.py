@@ -120,6 +120,7 @@ class Ticket:
     started: asyncio.Event = field(default_factory=asyncio.Event)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    notified: int = -1          # ``generated`` when ``changed`` was last set
 
     @property
     def generated(self) -> int:
@@ -137,7 +138,6 @@ class Counters:
     generation_tokens: int = 0
     cached_device: int = 0
     cached_host: int = 0
-    ttft_s: list[float] = field(default_factory=list)
 
 
 class RealtimeEngine:
@@ -195,12 +195,12 @@ class RealtimeEngine:
                 self.counters.prompt_tokens += r.context
                 self.counters.cached_device += r.hit_tokens - r.host_hit_tokens
                 self.counters.cached_host += r.host_hit_tokens
-            ticket.changed.set()
+            if ticket.stream and ticket.generated != ticket.notified:
+                ticket.notified = ticket.generated
+                ticket.changed.set()
         for r in finished:
             ticket = self._tickets.pop(id(r))
-            if r.first_token_at is not None:
-                self.counters.ttft_s.append((r.first_token_at - r.arrival) / self.time_scale)
-                del self.counters.ttft_s[:-1000]
+            ticket.changed.set()
             self.counters.generation_tokens += r.output
             ticket.done.set()
         if finished and len(self.index) > self._max_conversations:
