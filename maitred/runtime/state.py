@@ -75,13 +75,13 @@ class View:
         return [w for w in self.workers.values() if w.healthy]
 
 
+def program_signals(p: ProgramState, history: ToolHistory, now: float, cfg: SignalConfig, use_signature: bool) -> ProgramSignals:
+    return ProgramSignals(idleness(p, now, cfg.idleness_cycles), readiness(p, history, now, cfg, use_signature=use_signature))
+
+
 def compute_signals(programs: Mapping[str, ProgramState], history: ToolHistory, now: float, cfg: SignalConfig,
                     use_signature: bool) -> dict[str, ProgramSignals]:
-    k = cfg.idleness_cycles
-    return {
-        pid: ProgramSignals(idleness(p, now, k), readiness(p, history, now, cfg, use_signature=use_signature))
-        for pid, p in programs.items()
-    }
+    return {pid: program_signals(p, history, now, cfg, use_signature) for pid, p in programs.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,6 +389,9 @@ class RuntimeState:
 
     def signals(self, now: float) -> dict[str, ProgramSignals]:
         return compute_signals(self.programs, self.history, now, self.cfg, self.use_signature)
+
+    def signals_of(self, p: ProgramState, now: float) -> ProgramSignals:
+        return program_signals(p, self.history, now, self.cfg, self.use_signature)
 
     def view(self, now: float) -> View:
         """The live state as a view: for a caller that plans and applies in one thread (the

@@ -47,13 +47,17 @@ class Gateway:
     app: FastAPI
     runtime: Runtime
     client: httpx.AsyncClient
+    loop: asyncio.AbstractEventLoop | None = None   # the serving event loop, once started
 
 
 def build_app(cfg: ServeConfig, *, hook_mapper: tuple[HookMapper | None, type[Exception]] | None = None,
               on_ready: Callable[[Gateway], None] | None = None) -> Gateway:
     if not cfg.workers:
         raise ValueError("--worker: give at least one worker URL")
-    limits = httpx.Limits(max_connections=cfg.max_connections, max_keepalive_connections=cfg.max_connections)
+    # Idle connections are let go well before a worker's own keep-alive timeout (uvicorn's and
+    # SGLang's: 5 s), so a request rarely goes out on a connection the worker is closing.
+    limits = httpx.Limits(max_connections=cfg.max_connections, max_keepalive_connections=cfg.max_connections,
+                          keepalive_expiry=2.0)
     client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(cfg.proxy.request_timeout_s, connect=5.0))
     backends = {url.rstrip("/"): SGLangWorker(url.rstrip("/"), client) for url in cfg.workers}
     runtime = Runtime(backends, cfg.runtime, Metrics())
@@ -64,6 +68,7 @@ def build_app(cfg: ServeConfig, *, hook_mapper: tuple[HookMapper | None, type[Ex
         if cfg.db_url is not None:
             store = await asyncio.to_thread(_open_store, cfg.db_url, runtime)
             runtime.writer = StoreWriter(store, on_drop=lambda reason, n: runtime.metrics.dropped_events.labels(reason).inc(n))
+        gateway.loop = asyncio.get_running_loop()
         await runtime.start(wait_for_workers_s=cfg.wait_for_workers_s)
         healthy = [url for url, w in runtime.state.workers.items() if w.healthy]
         log.info("maitred: gateway up; policy %s; workers up: %s", cfg.runtime.policy, ", ".join(healthy) or "none yet")

@@ -12,6 +12,10 @@ from typing import Any
 import httpx
 import uvicorn
 
+#: Longer than HTTP clients keep idle connections (httpx: 5 s), so a client never sends on a
+#: connection the server is just closing.
+KEEP_ALIVE_S = 30
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
@@ -49,7 +53,7 @@ class BackgroundServer:
     def __post_init__(self) -> None:
         self.port = self.port or free_port(self.host)
         config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level=self.log_level, lifespan="on",
-                                access_log=False, timeout_graceful_shutdown=5)
+                                access_log=False, timeout_graceful_shutdown=5, timeout_keep_alive=KEEP_ALIVE_S)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name=f"uvicorn-{self.port}", daemon=True)
 

@@ -121,7 +121,7 @@ class Proxy:
                     return await self._stream(call, worker, url, content, started)
                 response = await self.client.post(url, content=content, headers=JSON, timeout=self.cfg.request_timeout_s)
             except WORKER_DOWN as exc:
-                self._lost(call, worker, exc, attempt)
+                await self._lost(call, worker, exc, attempt)
                 continue
             except httpx.TimeoutException:
                 self._finish(call, worker, Usage(), None, ok=False)
@@ -141,10 +141,17 @@ class Proxy:
         return error_response(502, f"no worker completed the request after {self.cfg.max_attempts} attempts",
                               kind="bad_gateway")
 
-    def _lost(self, call: _Call, worker: str, exc: Exception, attempt: int) -> None:
+    async def _lost(self, call: _Call, worker: str, exc: Exception, attempt: int) -> None:
+        """The connection to ``worker`` failed. Refused: the worker is down. Dropped: it may
+        be down, or it closed an idle keep-alive connection just as the request went out (a
+        benign race); its health check tells which, and only a failed one re-places programs."""
+        self.runtime.metrics.requests.labels(call.endpoint, "retried").inc()
+        if not isinstance(exc, httpx.ConnectError) and await self.runtime.backends[worker].healthy():
+            log.info("maitred: %s to %s dropped (%s) but the worker is healthy; sending again", call.endpoint, worker,
+                     type(exc).__name__)
+            return
         log.warning("maitred: %s to %s failed (%s: %s); attempt %d", call.endpoint, worker, type(exc).__name__, exc, attempt + 1)
         self.runtime.worker_failed(worker, reason=type(exc).__name__)
-        self.runtime.metrics.requests.labels(call.endpoint, "retried").inc()
 
     def _finish(self, call: _Call, worker: str, usage: Usage, ttft_s: float | None, *, ok: bool) -> None:
         self.runtime.completed(call.program_id, request_id=call.request_id, worker=worker,

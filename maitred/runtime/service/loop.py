@@ -108,6 +108,7 @@ class Runtime:
         self._priorities: dict[str, int] = {}
         self.ratchet: dict[tuple[str, str], int] = {}   # (program, worker) -> highest priority sent
         self._prompts: dict[str, str | list[int]] = {}  # program -> its last text prompt (for warmups)
+        self.last_usage: dict[str, tuple[int, int | None]] = {}  # program -> (prompt, cached) tokens of its last answer
         self._warming: dict[str, asyncio.Task[None]] = {}
         self._tool_labels: set[str] = set()
         self._kick = asyncio.Event()
@@ -314,6 +315,8 @@ class Runtime:
             self.metrics.ttft.observe(ttft_s)
         p = self.state.programs.get(program_id)
         prompt = prompt_tokens if prompt_tokens is not None else (p.context_tokens if p is not None else 0)
+        if ok and prompt_tokens is not None:
+            self.last_usage[program_id] = (prompt_tokens, cached_tokens)
         event = LLMEnd(ts=now, program_id=program_id, request_id=request_id, prompt_tokens=prompt,
                        completion_tokens=completion_tokens or 0, cached_tokens=cached_tokens,
                        worker=worker if ok else None, ttft_s=ttft_s, status="ok" if ok else "error")
@@ -332,6 +335,7 @@ class Runtime:
     def _forget(self, program_id: str) -> None:
         self._prompts.pop(program_id, None)
         self._priorities.pop(program_id, None)
+        self.last_usage.pop(program_id, None)
         for key in [k for k in self.ratchet if k[0] == program_id]:
             del self.ratchet[key]
 
@@ -468,6 +472,7 @@ class Runtime:
         for pid in ids:
             p = state.programs[pid]
             signals = state.signals_of(p, now)
+            last_prompt, last_cached = self.last_usage.get(pid, (None, None))
             out.append({
                 "program_id": pid, "agent": p.agent, "phase": p.phase.value, "tier": p.tier.value,
                 "worker": p.home_worker, "context_tokens": p.context_tokens,
@@ -477,6 +482,7 @@ class Runtime:
                 "tool": None if p.tool is None else {"call_id": p.tool.call_id, "tool": p.tool.tool,
                                                      "signature": p.tool.signature, "started": p.tool.started},
                 "held": pid in self._held,
+                "last_prompt_tokens": last_prompt, "last_cached_tokens": last_cached,
                 "priority": None if p.home_worker is None else self.ratchet.get((pid, p.home_worker)),
                 "cached": {k[0]: {"tokens": r.tokens, "observed_at": r.observed_at} for k, r in p.residency.items()},
                 "gpu_tier": p.tier is Tier.GPU,

@@ -169,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from maitred.runtime.service.app import build_app
+    from maitred.runtime.service.background import KEEP_ALIVE_S
     from maitred.runtime.service.launch import ChildServers
 
     children = ChildServers(launch) if launch is not None else None
@@ -177,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
             children.start()
         gateway = build_app(cfg)
         uvicorn.run(gateway.app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                    timeout_graceful_shutdown=10)
+                    timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE_S)
     except (TimeoutError, RuntimeError) as exc:
         print(f"maitred serve: error: {exc}", file=sys.stderr)
         return 1

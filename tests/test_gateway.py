@@ -1,0 +1,354 @@
+"""The gateway end to end: real servers on 127.0.0.1 — simulated SGLang workers (the documented
+stand-in for a GPU) and the gateway, each under uvicorn — and real HTTP clients."""
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+from typing import Any
+
+import httpx
+import pytest
+
+from maitred.runtime.service.app import Gateway, ServeConfig, build_app
+from maitred.runtime.service.background import BackgroundServer
+from maitred.runtime.service.gateway import ProxyConfig
+from maitred.runtime.service.guard import HTTPProblem
+from maitred.runtime.service.loop import RuntimeConfig
+from maitred.runtime.service.programid import take_program_id
+from maitred.runtime.service.simworker import SimWorkerConfig, create_app
+from maitred.storage import SessionStore
+
+pytestmark = pytest.mark.anyio
+FAST = RuntimeConfig(tick_s=0.2, poll_s=0.2, hold_timeout_s=30.0)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@dataclass
+class Cluster:
+    workers: list[BackgroundServer]
+    gateway: Gateway
+    server: BackgroundServer
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def metric(self, text: str, name: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+@pytest.fixture
+def cluster() -> Iterator[Callable[..., Cluster]]:
+    with ExitStack() as stack:
+        def make(*, workers: int = 2, gpu_tokens: int = 200_000, cpu_tokens: int = 0, time_scale: float = 20.0,
+                 runtime: RuntimeConfig = FAST, **serve: Any) -> Cluster:
+            sims = [stack.enter_context(BackgroundServer(create_app(SimWorkerConfig(
+                gpu_tokens=gpu_tokens, cpu_tokens=cpu_tokens, time_scale=time_scale)))) for _ in range(workers)]
+            gateway = build_app(ServeConfig([s.url for s in sims], runtime=runtime, wait_for_workers_s=10, **serve))
+            server = stack.enter_context(BackgroundServer(gateway.app))
+            return Cluster(sims, gateway, server)
+        yield make
+
+
+def chat(pid: str | None, history: list[dict[str, str]], **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "sim", "messages": history, "max_tokens": 16, **extra}
+    if pid is not None:
+        body["program_id"] = pid
+    return body
+
+
+def event(kind: str, pid: str, **fields: Any) -> dict[str, Any]:
+    return {"type": kind, "ts": time.time(), "program_id": pid, **fields}
+
+
+async def run_program(client: httpx.AsyncClient, pid: str, steps: int, *, context_words: int = 200,
+                      tool_s: float = 0.05, end: bool = True, start_after_s: float = 0.0) -> list[str]:
+    """One agent: model step, tool call (reported as events), next step with a longer context.
+    Returns the worker the program was on after each step."""
+    await asyncio.sleep(start_after_s)
+    history = [{"role": "system", "content": "you are a careful coding agent " * 8},
+               {"role": "user", "content": f"task {pid}: " + "fix the failing test " * (context_words // 4)}]
+    workers = []
+    for step in range(steps):
+        r = await client.post("/v1/chat/completions", json=chat(pid, history))
+        assert r.status_code == 200, r.text
+        history.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
+        info = (await client.get(f"/v1/programs/{pid}")).json()
+        workers.append(info["worker"])
+        call = f"{pid}-c{step}"
+        await client.post("/v1/events", json=[event("tool.start", pid, call_id=call, tool="pytest")])
+        await asyncio.sleep(tool_s)
+        await client.post("/v1/events", json=[event("tool.end", pid, call_id=call)])
+        history.append({"role": "user", "content": f"tool output {step}: " + "ok " * 40})
+    if end:
+        await client.post("/v1/events", json=[event("program.end", pid)])
+    return workers
+
+
+def streamed_text(sse: str) -> str:
+    """The text a chat stream carries (chunking depends on timing; the text does not)."""
+    chunks = [json.loads(line[6:]) for line in sse.splitlines() if line.startswith("data: {")]
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+
+
+async def until(check: Callable[[], Any], timeout_s: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = await check() if asyncio.iscoroutinefunction(check) else check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.05)
+
+
+# -- program id ---------------------------------------------------------------------------------
+
+
+def test_program_id_is_taken_in_spec_order_and_stripped_everywhere():
+    body = {"model": "m", "program_id": "a", "extra_body": {"program_id": "b"}, "metadata": {"program_id": "c", "user": "u"}}
+    assert take_program_id(body, {"x-program-id": "d"}) == ("a", True)
+    assert body == {"model": "m", "metadata": {"user": "u"}}
+    body = {"extra_body": {"program_id": "b"}, "metadata": {"program_id": "c"}}
+    assert take_program_id(body, {}) == ("b", True) and body == {}
+    assert take_program_id({"metadata": {"program_id": "c"}}, {"x-program-id": "d"})[0] == "c"
+    for header in ("x-program-id", "x-litellm-session-id", "x-claude-code-session-id"):
+        assert take_program_id({"model": "m"}, {header: "h"}) == ("h", False)
+    assert take_program_id({"model": "m"}, {}) == (None, False)
+    with pytest.raises(HTTPProblem, match="metadata.program_id"):
+        take_program_id({"metadata": {"program_id": 7}}, {})
+    with pytest.raises(HTTPProblem, match="program_id"):
+        take_program_id({"program_id": "x" * 300}, {})
+
+
+# -- routing, stickiness, feedback ----------------------------------------------------------------
+
+
+async def test_concurrent_programs_stay_on_their_workers_and_cached_tokens_reach_state_and_store(cluster, db_url):
+    c = cluster(db_url=db_url)
+    pids = [f"p{i}" for i in range(16)]
+    async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
+        # Agents start a little apart (as they do): each placement sees the load of the last ones.
+        placements = await asyncio.gather(*(run_program(client, pid, 4, end=False, start_after_s=0.05 * i)
+                                            for i, pid in enumerate(pids)))
+        for pid, workers in zip(pids, placements):
+            assert len(set(workers)) == 1, f"{pid} moved between workers: {workers}"
+        assert {w[0] for w in placements} == {s.url for s in c.workers}, "both workers get programs"
+        infos = {p["program_id"]: p for p in (await client.get("/v1/programs")).json()}
+        for pid in pids:
+            info = infos[pid]
+            assert info["last_cached_tokens"] > 0 and info["cached"][info["worker"]]["tokens"] > info["last_cached_tokens"]
+            assert {"program_id", "agent", "phase", "tier", "worker", "context_tokens", "idleness", "readiness"} <= info.keys()
+        metrics = (await client.get("/metrics")).text
+        assert c.metric(metrics, "maitred_cached_tokens_total") > 0
+        assert c.metric(metrics, 'maitred_tool_duration_seconds_count{tool="pytest"}') == 64
+    with SessionStore(db_url) as store:
+        def stored() -> list[dict[str, Any]]:
+            return [e for e in store.events("p3") if e["type"] == "llm.end"]
+        ends = await until(lambda: len(stored()) == 4 and stored())
+        assert all(e["cached_tokens"] is not None for e in ends) and max(e["cached_tokens"] for e in ends) > 0
+        assert {e["worker"] for e in ends} == {infos["p3"]["worker"]}
+        assert len([e for e in store.events("p3") if e["type"] == "tool.end"]) == 4
+
+
+async def test_requests_without_a_program_id_are_one_step_programs(cluster):
+    c = cluster(workers=1)
+    async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
+        rs = await asyncio.gather(*(client.post("/v1/chat/completions", json=chat(None, [{"role": "user", "content": "hi"}]))
+                                    for _ in range(5)))
+        assert [r.status_code for r in rs] == [200] * 5
+        assert (await client.get("/v1/programs")).json() == []
+        r = await client.post("/v1/completions", json={"model": "sim", "prompt": "def f(x):", "max_tokens": 4,
+                                                         "metadata": {"program_id": "text-1"}})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        r = await client.post("/generate", json={"text": "hello world", "sampling_params": {"max_new_tokens": 3}},
+                              headers={"X-Program-Id": "gen-1"})
+        assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 3
+        assert {p["program_id"] for p in (await client.get("/v1/programs")).json()} == {"text-1", "gen-1"}
+
+
+async def test_streams_pass_through_and_report_usage_without_changing_what_the_client_sees(cluster):
+    c = cluster(workers=1)
+    body = chat("s1", [{"role": "user", "content": "stream please " * 30}], stream=True)
+    async with httpx.AsyncClient(base_url=c.url, timeout=60) as client, \
+            httpx.AsyncClient(base_url=c.workers[0].url, timeout=60) as direct:
+        through = (await client.post("/v1/chat/completions", json=body)).text
+        plain = dict(body)
+        del plain["program_id"]
+        straight = (await direct.post("/v1/chat/completions", json=plain)).text
+        assert through.endswith("data: [DONE]\n\n") and '"usage":{' not in through
+        assert streamed_text(through) == streamed_text(straight) and streamed_text(through)
+        info = (await client.get("/v1/programs/s1")).json()
+        assert info["last_prompt_tokens"] > 0 and info["context_tokens"] > info["last_prompt_tokens"]
+        asked = await client.post("/v1/chat/completions", json={**body, "stream_options": {"include_usage": True}})
+        assert '"usage":{' in asked.text and (await client.get("/v1/programs/s1")).json()["last_cached_tokens"] > 0
+        gen = await client.post("/generate", json={"text": "abc " * 20, "stream": True, "program_id": "g1",
+                                                   "sampling_params": {"max_new_tokens": 5}})
+        assert gen.text.endswith("data: [DONE]\n\n")
+        assert (await client.get("/v1/programs/g1")).json()["last_prompt_tokens"] > 0
+
+
+async def test_many_concurrent_streams_are_held_released_and_leave_nothing_behind(cluster):
+    c = cluster(workers=2, runtime=replace(FAST, hold_timeout_s=1.0), gpu_tokens=400_000)
+    gw = c.gateway
+    limits = httpx.Limits(max_connections=300)
+
+    async def one(client: httpx.AsyncClient, i: int) -> int:
+        body = chat(f"s{i % 150}", [{"role": "user", "content": f"stream {i} " * 20}], stream=True)
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            text = (await r.aread()).decode()
+            assert text.endswith("data: [DONE]\n\n")
+            return r.status_code
+
+    async def tasks_now() -> int:
+        return len(asyncio.all_tasks())
+    assert gw.loop is not None
+    baseline = asyncio.run_coroutine_threadsafe(tasks_now(), gw.loop).result(10)
+    async with httpx.AsyncClient(base_url=c.url, timeout=120, limits=limits) as client:
+        codes = await asyncio.gather(*(one(client, i) for i in range(300)))
+        # Clients that go away mid-stream: the gateway must close their upstream streams too.
+        for i in range(20):
+            async with client.stream("POST", "/v1/chat/completions",
+                                     json=chat(f"gone{i}", [{"role": "user", "content": "x " * 50}], stream=True,
+                                               max_tokens=200)) as r:
+                async for _ in r.aiter_raw():
+                    break
+    assert codes == [200] * 300
+
+    async def settled() -> tuple[int, int, int]:
+        tasks = len(asyncio.all_tasks())
+        pool = gw.client._transport._pool  # the connection pool: every connection back and idle
+        busy = sum(not conn.is_idle() for conn in pool.connections)
+        return tasks, busy, sum(gw.runtime.inflight.values())
+
+    def check() -> bool:
+        tasks, busy, inflight = asyncio.run_coroutine_threadsafe(settled(), gw.loop).result(10)
+        return busy == 0 and inflight == 0 and tasks <= baseline
+    await until(check)
+    assert not gw.runtime._held
+
+
+# -- memory pressure --------------------------------------------------------------------------------
+
+
+async def test_under_memory_pressure_idle_programs_are_demoted_newcomers_held_and_all_resume(cluster):
+    # Each worker holds two of these programs (2,100 tokens of context plus the 512 reserve); the
+    # words are four characters, so the gateway's estimate before the first answer is the real size.
+    c = cluster(workers=2, gpu_tokens=6_000, cpu_tokens=12_000, runtime=replace(FAST, hold_timeout_s=1.5))
+    async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
+        first = [f"a{i}" for i in range(4)]
+        histories = {}
+        for pid in first:  # four programs fill both GPUs, then sit in a long tool call (idle)
+            histories[pid] = [{"role": "user", "content": f"{pid} " + "tok " * 2100}]
+            r = await client.post("/v1/chat/completions", json=chat(pid, histories[pid]))
+            assert r.status_code == 200
+            await client.post("/v1/events", json=[event("tool.start", pid, call_id="long", tool="build")])
+        tiers = {p["program_id"]: p["tier"] for p in (await client.get("/v1/programs")).json()}
+        assert set(tiers.values()) == {"gpu"}
+        newcomers = [f"n{i}" for i in range(2)]
+        started = time.monotonic()
+        rs = await asyncio.gather(*(client.post("/v1/chat/completions",
+                                                json=chat(pid, [{"role": "user", "content": f"{pid} " + "new " * 1400}]))
+                                    for pid in newcomers))
+        assert [r.status_code for r in rs] == [200, 200] and time.monotonic() - started >= 1.0  # they were held
+        metrics = (await client.get("/metrics")).text
+        assert c.metric(metrics, "maitred_forced_admissions_total") >= 1
+
+        async def some_idle_demoted() -> list[str]:
+            programs = (await client.get("/v1/programs")).json()
+            return [p["program_id"] for p in programs if p["program_id"] in first and p["tier"] != "gpu"]
+        demoted = await until(some_idle_demoted)
+        assert c.metric((await client.get("/metrics")).text, "maitred_tier_moves_total") >= 1
+        for pid in demoted:  # the idle programs come back: tool ends, next step completes
+            await client.post("/v1/events", json=[event("tool.end", pid, call_id="long")])
+            histories[pid].append({"role": "user", "content": "build finished"})
+            r = await client.post("/v1/chat/completions", json=chat(pid, histories[pid]))
+            assert r.status_code == 200
+            assert (await client.get(f"/v1/programs/{pid}")).json()["tier"] == "gpu"
+
+
+# -- failures inside the gateway ------------------------------------------------------------------------
+
+
+async def test_a_policy_that_raises_degrades_to_plain_routing(cluster):
+    c = cluster()
+
+    def broken(view):
+        raise RuntimeError("policy bug")
+    c.gateway.runtime.scheduler.policy.step = broken  # type: ignore[method-assign]
+    async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
+        placements = await asyncio.gather(*(run_program(client, f"p{i}", 3) for i in range(6)))
+        assert all(len(w) == 3 for w in placements)
+        assert c.metric((await client.get("/metrics")).text, "maitred_scheduler_errors_total") >= 1
+
+
+async def test_a_scheduler_step_that_raises_still_completes_every_request(cluster):
+    c = cluster(runtime=replace(FAST, hold_timeout_s=30.0))
+
+    def broken(view):
+        raise RuntimeError("scheduler bug")
+    c.gateway.runtime.scheduler.plan = broken  # type: ignore[method-assign]
+    async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
+        started = time.monotonic()
+        placements = await asyncio.gather(*(run_program(client, f"p{i}", 3) for i in range(6)))
+        assert time.monotonic() - started < 25, "requests were routed plainly, not left to the hold timeout"
+        assert all(len(set(w)) == 1 for w in placements), "sticky to their workers"
+        metrics = (await client.get("/metrics")).text
+        assert c.metric(metrics, "maitred_scheduler_errors_total") >= 1
+        assert c.metric(metrics, "maitred_requests_total{endpoint=\"chat\",outcome=\"ok\"}") == 18
+
+
+# -- bad input --------------------------------------------------------------------------------------------
+
+
+async def test_bad_input_gets_a_clear_4xx_and_disturbs_nothing(cluster):
+    c = cluster(workers=1, token="s3cret", proxy=ProxyConfig(max_body_bytes=4096), max_events_bytes=2048)
+    auth = {"Authorization": "Bearer s3cret"}
+    async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
+        async def refused(status: int, field: str | None, *args: Any, **kwargs: Any) -> None:
+            r = await client.request(*args, **kwargs)
+            assert r.status_code == status, r.text
+            if field is not None:
+                assert r.json()["error"]["field"] == field, r.text
+
+        await refused(400, "body", "POST", "/v1/chat/completions", content=b"{not json", headers=JSON)
+        await refused(400, "body", "POST", "/v1/chat/completions", content=b"[1, 2]", headers=JSON)
+        await refused(400, "program_id", "POST", "/v1/chat/completions", json={"program_id": 5, "messages": []})
+        await refused(400, "stream", "POST", "/v1/chat/completions", json={"stream": "yes", "messages": []})
+        await refused(400, "x-program-id", "POST", "/v1/chat/completions", json={"messages": []},
+                      headers={"X-Program-Id": "x" * 300})
+        await refused(413, "body", "POST", "/v1/chat/completions", content=b"x" * 5000, headers=JSON)
+
+        async def chunked() -> Any:
+            for _ in range(10):
+                yield b"x" * 1000
+        await refused(413, "body", "POST", "/v1/chat/completions", content=chunked(), headers=JSON)
+        await refused(401, "authorization", "POST", "/v1/events", json=[event("program.start", "p")])
+        await refused(401, "authorization", "GET", "/v1/programs", headers={"Authorization": "Bearer wrong"})
+        await refused(404, "program_id", "GET", "/v1/programs/nobody", headers=auth)
+        await refused(400, None, "POST", "/v1/events", json=[{"type": "tool.start", "ts": "yesterday"}], headers=auth)
+        await refused(400, "body", "POST", "/v1/events", content=b"[{", headers=auth)
+        await refused(413, "body", "POST", "/v1/events", content=b"[" + b" " * 3000 + b"]", headers=auth)
+        await refused(400, "body", "POST", "/v1/hooks/claude-code", content=b"nope", headers=auth)
+        await refused(401, "authorization", "POST", "/v1/hooks/claude-code", json={"hook_event_name": "Stop"})
+
+        r = await client.post("/v1/events", headers=auth, content=(
+            b'{"type":"program.start","ts":%f,"program_id":"good"}\n{"type":"tool.start","ts":1,"program_id":"bad"}\n'
+            % time.time()))
+        assert r.status_code == 200 and r.json()["accepted"] == 1
+        assert [x["index"] for x in r.json()["rejected"]] == [1] and r.json()["rejected"][0]["field"]
+        r = await client.post("/v1/chat/completions", json=chat("good", [{"role": "user", "content": "still fine"}]))
+        assert r.status_code == 200
+        assert (await client.get("/v1/programs/good", headers=auth)).json()["worker"] == c.workers[0].url
+        assert (await client.get("/healthz")).json()["status"] == "ok"
+        assert (await client.get("/v1/stats/tools", headers=auth)).status_code == 200
+
+
+JSON = {"content-type": "application/json"}
