@@ -337,6 +337,62 @@ def test_script_tools_calls_tools_for_a_few_steps_then_answers(worker: SimWorker
     assert again == messages  # deterministic
 
 
+def test_a_langchain_agent_runs_its_tool_loop_against_the_sim_worker(worker: SimWorkerThread) -> None:
+    pytest.importorskip("langchain_openai", reason="langchain-openai is not installed (the langgraph extra)")
+    from langchain.agents import create_agent
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    calls: list[tuple[Any, ...]] = []
+
+    @tool
+    def grep(pattern: str, max_hits: int = 5) -> str:
+        """Search the repository."""
+        calls.append(("grep", pattern))
+        return f"3 hits for {pattern}"
+
+    @tool
+    def read(path: str) -> str:
+        """Read a file."""
+        calls.append(("read", path))
+        return "contents"
+
+    model = ChatOpenAI(base_url=worker.url + "/v1", api_key="sim", model="maitred-sim-worker")
+    agent = create_agent(model, tools=[grep, read], system_prompt="You search code.")
+    out = agent.invoke({"messages": [{"role": "user", "content": "find the bug"}]})
+    assert calls == [("grep", "pattern-0"), ("read", "path-1"), ("grep", "pattern-2")]
+    assert out["messages"][-1].content == "Finished after 3 tool calls ."
+
+
+def test_an_openai_agents_sdk_agent_runs_its_tool_loop_against_the_sim_worker(worker: SimWorkerThread) -> None:
+    pytest.importorskip("agents", reason="openai-agents is not installed (the openai-agents extra)")
+    import asyncio
+
+    from agents import Agent, OpenAIChatCompletionsModel, RunConfig, Runner, function_tool
+    from openai import AsyncOpenAI
+
+    cities: list[str] = []
+
+    @function_tool
+    def lookup(city: str) -> str:
+        """Look up the weather."""
+        cities.append(city)
+        return "sunny"
+
+    async def main() -> Any:
+        client = AsyncOpenAI(base_url=worker.url + "/v1", api_key="sim")
+        model = OpenAIChatCompletionsModel(model="maitred-sim-worker", openai_client=client)
+        agent = Agent(name="weather", instructions="Answer about the weather.", tools=[lookup], model=model)
+        try:
+            # tracing off for this run only: the default exporter would call out to the vendor
+            return await Runner.run(agent, "weather in Paris?", max_turns=10, run_config=RunConfig(tracing_disabled=True))
+        finally:
+            await client.close()
+
+    result = asyncio.run(main())
+    assert cities == ["city-0", "city-1", "city-2"] and result.final_output == "Finished after 3 tool calls ."
+
+
 def test_tool_choice_steers_the_script(worker: SimWorkerThread) -> None:
     forced = {"type": "function", "function": {"name": "read_file"}}
     with httpx.Client() as client:
