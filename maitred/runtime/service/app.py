@@ -51,7 +51,9 @@ class Gateway:
 
 
 def build_app(cfg: ServeConfig, *, hook_mapper: tuple[HookMapper | None, type[Exception]] | None = None,
-              on_ready: Callable[[Gateway], None] | None = None) -> Gateway:
+              on_ready: Callable[[Gateway], None] | None = None, on_shutdown: Callable[[], None] | None = None) -> Gateway:
+    """``on_shutdown`` runs (in a thread) last in the app's shutdown: uvicorn re-raises the
+    signal that stopped it once the app is down, so cleanup after ``uvicorn.run`` may never run."""
     if not cfg.workers:
         raise ValueError("--worker: give at least one worker URL")
     # Idle connections are let go well before a worker's own keep-alive timeout (uvicorn's and
@@ -83,6 +85,8 @@ def build_app(cfg: ServeConfig, *, hook_mapper: tuple[HookMapper | None, type[Ex
                 await asyncio.to_thread(runtime.writer.close)
             if store is not None:
                 store.close()
+            if on_shutdown is not None:
+                await asyncio.to_thread(on_shutdown)
 
     app = FastAPI(title="maitred", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     add_proxy_routes(app, Proxy(runtime, client, cfg.proxy))

@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if children is not None:
             children.start()
-        gateway = build_app(cfg)
+        gateway = build_app(cfg, on_shutdown=children.stop if children is not None else None)
         uvicorn.run(gateway.app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
                     timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE_S)
     except (TimeoutError, RuntimeError) as exc:
