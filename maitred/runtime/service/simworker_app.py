@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from maitred.runtime.service.simworker import SimWorkerConfig
 from maitred.runtime.service.simworker_engine import RealtimeEngine, Ticket
@@ -34,18 +34,22 @@ CONTEXT_LENGTH = 131_072           # the bundled config.json's max_position_embe
 NOTE = "maitred sim-worker: a simulated SGLang server for tests and demos; it is not a model and its text is filler."
 
 
+def _json(payload: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(payload), status, media_type="application/json")
+
+
 class BadRequest(ValueError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
 
 
-def _openai_error(exc: BadRequest) -> JSONResponse:
-    return JSONResponse({"object": "error", "message": str(exc), "type": "BadRequest", "param": exc.param, "code": 400}, 400)
+def _openai_error(exc: BadRequest) -> Response:
+    return _json({"object": "error", "message": str(exc), "type": "BadRequest", "param": exc.param, "code": 400}, 400)
 
 
-def _generate_error(exc: BadRequest) -> JSONResponse:
-    return JSONResponse({"error": {"message": str(exc), "type": "invalid_request_error", "param": exc.param, "code": 400}}, 400)
+def _generate_error(exc: BadRequest) -> Response:
+    return _json({"error": {"message": str(exc), "type": "invalid_request_error", "param": exc.param, "code": 400}}, 400)
 
 
 async def _json_object(request: Request) -> dict[str, Any]:
@@ -199,7 +203,7 @@ def build_app(config: SimWorkerConfig) -> FastAPI:
         except ValueError as exc:
             return _openai_error(BadRequest(str(exc), "include"))
         entries = [entry] if dp_rank in (None, 0) else []
-        return JSONResponse({"timestamp": datetime.now(UTC).isoformat(), "version": SGLANG_VERSION,
+        return _json({"timestamp": datetime.now(UTC).isoformat(), "version": SGLANG_VERSION,
                              "accelerator": "simulated", "num_accelerators": 1, "loads": entries})
 
     @app.get("/metrics")
@@ -224,7 +228,7 @@ def build_app(config: SimWorkerConfig) -> FastAPI:
 
         if not stream:
             await ticket.done.wait()
-            return JSONResponse(out(len(reply.output_ids), True))
+            return _json(out(len(reply.output_ids), True))
 
         async def events() -> AsyncIterator[bytes]:
             async for generated in _progress(ticket):
@@ -255,7 +259,7 @@ def build_app(config: SimWorkerConfig) -> FastAPI:
         created = int(time.time())
         if not stream:
             await ticket.done.wait()
-            return JSONResponse({"id": cid, "object": "text_completion", "created": created, "model": name,
+            return _json({"id": cid, "object": "text_completion", "created": created, "model": name,
                                  "choices": [{"index": 0, "text": " " + reply.text, "logprobs": None,
                                               "finish_reason": reply.finish_reason, "matched_stop": None}],
                                  "usage": _usage(ticket)})
@@ -298,7 +302,7 @@ def build_app(config: SimWorkerConfig) -> FastAPI:
                                        "reasoning_content": None}
             if reply.tool_calls:
                 message["tool_calls"] = reply.tool_calls
-            return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": name,
+            return _json({"id": cid, "object": "chat.completion", "created": created, "model": name,
                                  "choices": [{"index": 0, "message": message, "logprobs": None,
                                               "finish_reason": reply.finish_reason, "matched_stop": None}],
                                  "usage": _usage(ticket), "metadata": {"weight_version": "default"}})

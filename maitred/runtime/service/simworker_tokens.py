@@ -17,6 +17,7 @@ assistant message contains, so a program's next prompt extends its previous prom
 output token for token, as with a real chat template.
 """
 
+import functools
 import json
 import re
 import zlib
@@ -40,7 +41,13 @@ def token_id(piece: str) -> int:
 
 
 def tokenize(text: str) -> list[int]:
-    return [token_id(p) for p in WORD.findall(text)]
+    return list(_tokenize(text))
+
+
+@functools.lru_cache(maxsize=4096)
+def _tokenize(text: str) -> tuple[int, ...]:
+    """Memoised: agents resend their whole history every step, so most messages were seen before."""
+    return tuple(token_id(p) for p in WORD.findall(text))
 
 
 def count_tokens(text: str) -> int:
@@ -85,12 +92,12 @@ def _tool_call_text(call: Any, where: str) -> str:
 
 def message_body(message: Mapping[str, Any], where: str) -> list[int]:
     """The tokens between ``<|im_start|> role`` and ``<|im_end|>``."""
-    ids = tokenize(_content_text(message.get("content"), where + ".content"))
+    ids = list(_tokenize(_content_text(message.get("content"), where + ".content")))
     calls = message.get("tool_calls") or []
     if not isinstance(calls, list):
         raise PromptError(f"{where}.tool_calls: expected a list")
     for j, call in enumerate(calls):
-        ids += tokenize(_tool_call_text(call, f"{where}.tool_calls[{j}]"))
+        ids += _tokenize(_tool_call_text(call, f"{where}.tool_calls[{j}]"))
     return ids
 
 
@@ -108,7 +115,10 @@ def render_chat(messages: Any, tools: Any = None) -> Prompt:
             raise PromptError(f"{where}.role: expected a string")
         if prefix is None and role not in ("system", "developer"):
             prefix = _close_prefix(ids, tools)
-        ids += [IM_START, token_id(role), *message_body(message, where), IM_END]
+        ids.append(IM_START)
+        ids.append(token_id(role))
+        ids += message_body(message, where)
+        ids.append(IM_END)
     if prefix is None:
         prefix = _close_prefix(ids, tools)
     ids += [IM_START, token_id("assistant")]
