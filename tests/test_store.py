@@ -328,3 +328,13 @@ def test_unstamped_tables_that_hold_rows_and_do_not_match_are_named_not_touched(
         SessionStore(db_url)
     with SessionStore(db_url, migrate=False) as store:
         assert [e["program_id"] for e in store.events()] == ["p"]
+
+
+def test_an_event_built_in_process_with_a_wrong_type_is_rejected_naming_the_field(tmp_path):
+    # sqlite3 cannot bind a list (psycopg would send it as an array, which PostgreSQL casts to text)
+    wrong = ToolStart(ts=T0, program_id="p", call_id="c-x", tool=["grep"])  # type: ignore[arg-type]
+    with SessionStore(str(tmp_path / "s.db")) as store:
+        result = store.write([*tool_events_objects(2), wrong])
+        assert result.stored == 4 and store.tool_stats("t").n == 2
+    (rejected,) = result.rejected
+    assert (rejected.index, rejected.type) == (4, "tool.start") and rejected.reason.startswith("tool: ")

@@ -58,8 +58,10 @@ def describe(url: str) -> str:
 
 
 def _sqlite_code(error: BaseException) -> str | None:
+    """The primary result code (``SQLITE_CONSTRAINT`` for ``SQLITE_CONSTRAINT_NOTNULL``)."""
     orig = getattr(error, "orig", error)
-    return getattr(orig, "sqlite_errorname", None) if isinstance(orig, sqlite3.Error) else None
+    name = getattr(orig, "sqlite_errorname", None) if isinstance(orig, sqlite3.Error) else None
+    return "_".join(name.split("_")[:2]) if name else None
 
 
 def is_content_error(error: BaseException) -> bool:
@@ -76,7 +78,9 @@ def is_content_error(error: BaseException) -> bool:
     sqlstate = getattr(error.orig, "sqlstate", None)
     if sqlstate:
         return str(sqlstate)[:2] in _PG_CONTENT_CLASSES
-    return isinstance(error, (sa_exc.DataError, sa_exc.IntegrityError))
+    # No verdict from the server: the driver refused a value before sending it (a type it
+    # cannot bind, like a list where a name belongs).
+    return isinstance(error, (sa_exc.DataError, sa_exc.IntegrityError, sa_exc.ProgrammingError))
 
 
 def first_line(error: BaseException) -> str:

@@ -6,6 +6,7 @@ merged here, so each table receives a single upsert per key per batch — Postgr
 """
 
 import hashlib
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -14,6 +15,7 @@ import orjson
 
 from maitred.events import (
     Event,
+    EventError,
     Handoff,
     LLMEnd,
     LLMStart,
@@ -22,6 +24,7 @@ from maitred.events import (
     ToolEnd,
     ToolProgress,
     ToolStart,
+    decode_event,
     encode_event,
 )
 from maitred.storage.errors import first_line
@@ -142,7 +145,8 @@ def _fold_one(out: Folded, e: Event, key: str) -> None:
 def refusal_reason(event: Event, error: BaseException) -> str:
     """Why the store cannot hold ``event``, naming the field: the checks below cover what the
     databases refuse (integers beyond 64 bits, NUL bytes in text columns, values JSON cannot
-    encode); anything else is described by the database's own first line."""
+    encode), then validation (an event built in-process skipped it: a list where a name
+    belongs); anything else is described by the database's own first line."""
     for f in fields(event):
         value = getattr(event, f.name)
         if isinstance(value, bool) or value is None:
@@ -156,4 +160,8 @@ def refusal_reason(event: Event, error: BaseException) -> str:
                 canonical_json(value)
             except (TypeError, ValueError, RecursionError) as exc:
                 return f"{f.name}: cannot be stored as JSON ({exc})"
+    try:
+        decode_event(encode_event(event), now=math.inf)  # the clock is not the database's concern
+    except EventError as exc:
+        return str(exc)
     return first_line(error)
