@@ -517,21 +517,27 @@ def test_the_module_runs_as_a_process_and_stops_on_sigterm() -> None:
 
 # -- sglang-router ---------------------------------------------------------------------------
 
-def test_sglang_router_registers_two_sim_workers_and_routes_through_them() -> None:
+def test_sglang_router_registers_two_sim_workers_and_routes_through_them(tmp_path: Path) -> None:
     pytest.importorskip("sglang_router", reason="sglang-router is not installed (pip install sglang-router)")
+    log_path = tmp_path / "router.log"
+
+    def log_tail() -> str:
+        return log_path.read_text(errors="replace")[-3000:]
+
     with SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=50_000, time_scale=50.0)) as w1, \
             SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=50_000, time_scale=50.0)) as w2:
         port = free_port()
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        log_file = log_path.open("wb")
         router = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", w1.url, w2.url,
                                    "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(port)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+                                  stdout=log_file, stderr=subprocess.STDOUT, env=env)
         try:
             url = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + 120
             workers: list[dict[str, Any]] = []
             while time.monotonic() < deadline:
-                assert router.poll() is None, "sglang-router exited"
+                assert router.poll() is None, f"sglang-router exited:\n{log_tail()}"
                 try:
                     workers = httpx.get(url + "/workers", timeout=2).json()["workers"]
                 except (httpx.HTTPError, ValueError, KeyError):
@@ -539,12 +545,13 @@ def test_sglang_router_registers_two_sim_workers_and_routes_through_them() -> No
                 if len(workers) == 2 and all(w["is_healthy"] for w in workers):
                     break
                 time.sleep(0.2)
-            assert sorted(w["url"] for w in workers) == sorted([w1.url, w2.url])
+            assert sorted(w["url"] for w in workers) == sorted([w1.url, w2.url]), log_tail()
             assert {w["metadata"]["model_path"] for w in workers} == {w1.config.model_path}
             reply = httpx.post(url + "/v1/chat/completions", timeout=30, json={
                 "model": "maitred-sim-worker", "messages": [{"role": "user", "content": "through the router"}], "max_tokens": 5})
-            assert reply.status_code == 200, reply.text
+            assert reply.status_code == 200, f"{reply.text}\n{log_tail()}"
             assert reply.json()["usage"]["completion_tokens"] == 5
         finally:
             router.terminate()
             router.wait(30)
+            log_file.close()
