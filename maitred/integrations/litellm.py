@@ -1,0 +1,218 @@
+"""LiteLLM proxy (litellm 1.110): maitred schedules the programs behind a LiteLLM proxy (SPEC 8).
+
+Register the callback in the proxy's ``config.yaml``::
+
+    litellm_settings:
+      callbacks: maitred.integrations.litellm.maitred_logger
+
+and give each worker its own deployment with a stable ``model_info.id``
+(``examples/litellm_proxy/config.yaml``). With a runtime (``MAITRED_URL``, a ``maitred serve``
+over the same workers) each request of a program:
+
+1. ``async_pre_call_hook``: the program id is taken from the body (``program_id``, or
+   ``metadata.program_id``) or the requester's headers (``X-Program-Id``,
+   ``x-litellm-session-id``, ``X-Claude-Code-Session-Id``). The hook tells the runtime the
+   program wants the GPU (an ``llm.start``), then waits until the runtime admits it (the program
+   has a home worker in the GPU tier) for at most ``admission_timeout_s``, after which it goes
+   anyway, like the gateway's forced admission. It writes ``program_id`` into the forwarded body,
+   because LiteLLM forwards neither client headers nor ``metadata`` to a deployment.
+2. ``async_filter_deployments``: keeps the deployment whose normalised ``api_base`` is the
+   program's worker, on every request, streaming included; if none matches, all are kept (a
+   scheduling hint never fails a request).
+3. ``async_log_success_event`` / ``async_log_failure_event``: the ``llm.end`` with prompt,
+   completion and cached tokens (``standard_logging_object.metadata.usage_object
+   .prompt_tokens_details.cached_tokens``; ``cache_hit`` there is LiteLLM's response cache, not
+   prefix caching) and the deployment that served it, sent through the middleware's emitter (to
+   the runtime, which persists it, or to the store without one).
+
+LiteLLM decides which hooks a callback implements by looking at the class (``vars(cls)``), so
+each hook is defined here on ``MaitredLogger`` itself, not inherited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+from litellm.integrations.custom_logger import CustomLogger
+
+from maitred.events import LLMEnd, LLMStart, encode_event
+from maitred.middleware.config import emit
+
+log = logging.getLogger("maitred")
+
+#: Headers a client may name its program in, in the gateway's order (SPEC 7.5).
+PROGRAM_HEADERS = ("x-program-id", "x-litellm-session-id", "x-claude-code-session-id")
+#: Where the hook leaves what it decided, for the later hooks of the same request.
+_WORKER_KEY = "maitred_worker"
+_PROGRAM_KEY = "maitred_program_id"
+
+
+def normalize_base(url: str | None) -> str | None:
+    """``http://127.0.0.1:30000/v1/`` and ``http://127.0.0.1:30000`` name the same worker."""
+    if not url:
+        return None
+    text = url.strip().rstrip("/").lower()
+    return text[: -len("/v1")] if text.endswith("/v1") else text
+
+
+def _metadata(data: Mapping[str, Any]) -> dict[str, Any]:
+    for key in ("metadata", "litellm_metadata"):
+        value = data.get(key)
+        if isinstance(value, dict):
+            return value
+    return {}
+
+
+def program_id_of(data: Mapping[str, Any]) -> str | None:
+    """The program a proxied request belongs to: body ``program_id``, ``metadata.program_id``,
+    then the requester's headers (the proxy keeps them under ``metadata.headers``)."""
+    metadata = _metadata(data)
+    for value in (data.get("program_id"), metadata.get(_PROGRAM_KEY), metadata.get("program_id"),
+                  (metadata.get("requester_metadata") or {}).get("program_id")):
+        if isinstance(value, str) and value:
+            return value
+    headers = {str(k).lower(): v for k, v in (metadata.get("headers") or {}).items()}
+    for name in PROGRAM_HEADERS:
+        value = headers.get(name)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def _cached_tokens(usage: Any) -> int | None:
+    details = usage.get("prompt_tokens_details") if isinstance(usage, Mapping) else getattr(usage, "prompt_tokens_details", None)
+    value = details.get("cached_tokens") if isinstance(details, Mapping) else getattr(details, "cached_tokens", None)
+    return value if isinstance(value, int) else None
+
+
+class MaitredLogger(CustomLogger):
+    """The LiteLLM proxy callback. ``runtime_url`` defaults to ``$MAITRED_URL``; without one, only
+    the llm events are recorded (to the store) and nothing is held or routed."""
+
+    def __init__(self, runtime_url: str | None = None, *, token: str | None = None, admission_timeout_s: float = 60.0,
+                 poll_s: float = 0.05) -> None:
+        super().__init__()
+        self._runtime_url = runtime_url
+        self._token = token
+        self.admission_timeout_s = admission_timeout_s
+        self.poll_s = poll_s
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def runtime_url(self) -> str | None:
+        url = self._runtime_url or os.environ.get("MAITRED_URL")
+        return url.rstrip("/") if url else None
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            token = self._token or os.environ.get("MAITRED_TOKEN")
+            headers = {"authorization": f"Bearer {token}"} if token else {}
+            self._client = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(5.0, connect=2.0))
+        return self._client
+
+    # -- before the call ------------------------------------------------------------------------
+
+    async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any) -> dict:
+        try:
+            program_id = program_id_of(data)
+            if program_id is None:
+                return data
+            data["program_id"] = program_id
+            metadata = data.setdefault("metadata", {}) if isinstance(data.get("metadata", {}), dict) else _metadata(data)
+            metadata[_PROGRAM_KEY] = program_id
+            url = self.runtime_url
+            if url is not None:
+                worker = await self._admitted(url, program_id, data)
+                if worker is not None:
+                    metadata[_WORKER_KEY] = worker
+        except Exception:  # a scheduling hint never fails the request
+            log.warning("maitred: admission skipped for this request", exc_info=True)
+        return data
+
+    async def _admitted(self, url: str, program_id: str, data: Mapping[str, Any]) -> str | None:
+        """Tell the runtime the program wants the GPU; wait until it has a GPU-tier home worker."""
+        request_id = str(data.get("litellm_call_id") or uuid.uuid4())
+        model = data.get("model") if isinstance(data.get("model"), str) else None
+        start = LLMStart(ts=time.time(), program_id=program_id, request_id=request_id, model=model)
+        client = self._http()
+        try:
+            await client.post(f"{url}/v1/events", json=[encode_event(start)])
+        except httpx.HTTPError as exc:
+            log.warning("maitred: runtime at %s unreachable, request not scheduled (%s)", url, exc)
+            return None
+        deadline = time.monotonic() + self.admission_timeout_s
+        worker = None
+        while True:
+            try:
+                response = await client.get(f"{url}/v1/programs/{program_id}")
+                info = response.json() if response.status_code == 200 else {}
+            except (httpx.HTTPError, ValueError):
+                info = {}
+            worker = info.get("worker")
+            if worker and info.get("gpu_tier"):
+                return normalize_base(worker)
+            if time.monotonic() >= deadline:
+                return normalize_base(worker)  # bounded wait: go anyway, to its home if it has one
+            await asyncio.sleep(self.poll_s)
+
+    async def async_filter_deployments(self, model: str, healthy_deployments: list, messages: Any,
+                                       request_kwargs: dict | None = None, parent_otel_span: Any = None) -> list:
+        try:
+            worker = _metadata(request_kwargs or {}).get(_WORKER_KEY)
+            if not worker:
+                return healthy_deployments
+            chosen = [d for d in healthy_deployments
+                      if normalize_base((d.get("litellm_params") or {}).get("api_base")) == worker]
+            return chosen or healthy_deployments
+        except Exception:
+            log.debug("maitred: deployment filter skipped", exc_info=True)
+            return healthy_deployments
+
+    # -- after the call -------------------------------------------------------------------------
+
+    async def async_log_success_event(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        self._record(kwargs, "ok")
+
+    async def async_log_failure_event(self, kwargs: dict, response_obj: Any, start_time: Any, end_time: Any) -> None:
+        self._record(kwargs, "error")
+
+    def _record(self, kwargs: Mapping[str, Any], status: str) -> None:
+        try:
+            event = llm_end_of(kwargs, status)
+            if event is not None:
+                emit(event)
+        except Exception:
+            log.debug("maitred: llm.end not recorded", exc_info=True)
+
+
+def llm_end_of(kwargs: Mapping[str, Any], status: str) -> LLMEnd | None:
+    """The ``llm.end`` of one logged LiteLLM call; None when it names no program."""
+    params = kwargs.get("litellm_params") or {}
+    program_id = program_id_of({"metadata": params.get("metadata") or {}, "program_id": kwargs.get("program_id")})
+    if program_id is None:
+        return None
+    slo = kwargs.get("standard_logging_object") or {}
+    metadata = slo.get("metadata") or {}
+    usage = metadata.get("usage_object") or {}
+    ttft = None
+    started, first = slo.get("startTime"), slo.get("completionStartTime")
+    if isinstance(started, (int, float)) and isinstance(first, (int, float)) and first >= started:
+        ttft = float(first - started)
+    return LLMEnd(
+        ts=time.time(), program_id=program_id, request_id=str(kwargs.get("litellm_call_id") or slo.get("id") or uuid.uuid4()),
+        prompt_tokens=int(slo.get("prompt_tokens") or 0), completion_tokens=int(slo.get("completion_tokens") or 0),
+        cached_tokens=_cached_tokens(usage), worker=normalize_base(slo.get("api_base") or params.get("api_base")),
+        ttft_s=ttft, status=status,  # type: ignore[arg-type]
+    )
+
+
+#: The instance ``config.yaml`` names: ``litellm_settings.callbacks: maitred.integrations.litellm.maitred_logger``.
+#: Building it does no I/O: the runtime URL is read, and the HTTP client made, on first use.
+maitred_logger = MaitredLogger()
