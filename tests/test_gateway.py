@@ -224,9 +224,7 @@ async def test_many_concurrent_streams_are_held_released_and_leave_nothing_behin
 
     async def settled() -> tuple[int, int, int]:
         tasks = len(asyncio.all_tasks())
-        pool = gw.client._transport._pool  # the connection pool: every connection back and idle
-        busy = sum(not conn.is_idle() for conn in pool.connections)
-        return tasks, busy, sum(gw.runtime.inflight.values())
+        return tasks, gw.proxy.connections_in_use(), sum(gw.runtime.inflight.values())
 
     def check() -> bool:
         tasks, busy, inflight = asyncio.run_coroutine_threadsafe(settled(), gw.loop).result(10)

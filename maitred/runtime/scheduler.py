@@ -11,7 +11,7 @@ is; homeless ones round-robin) instead of losing requests.
 import logging
 from dataclasses import replace
 
-from maitred.runtime.decisions import Decision, TierMove
+from maitred.runtime.decisions import Assignment, Decision, TierMove
 from maitred.runtime.model import Tier
 from maitred.runtime.placement import applicable_prefix
 from maitred.runtime.policies import Policy, RoundRobin, make_policy
@@ -56,21 +56,25 @@ class Scheduler:
             self.dp_fallbacks += decision.dp_fallback
         return decision
 
-    def apply(self, decision: Decision, planned: View) -> Decision:
+    def apply(self, decision: Decision, planned: View, planned_free: dict[str, int] | None = None) -> Decision:
         """Apply the part of ``decision`` (made on the snapshot ``planned``) that still holds
         in the live state, and return that part.
 
         Tier moves stand while their program is still where the plan saw it. Assignments are
         cut at the first one whose program changed, left, or no longer fits its worker's live
-        free memory (``applicable_prefix``). Warmups stand while their worker is healthy."""
+        free memory (``applicable_prefix``). Warmups stand while their worker is healthy.
+        ``planned_free``: ``free_after(decision, planned)``, when the caller computed it already
+        (off the event loop: it walks every program)."""
         live = self.state.programs
         moves = tuple(m for m in decision.tier_moves if _still_valid(m, self.state))
         self.state.apply_decision(replace(decision, tier_moves=moves, assignments=()))
         now_view = View(now=planned.now, programs=live, workers=self.state.workers, signals={},
                         adapter_versions=self.state.adapter_versions, handoffs=(),
                         agent_prefix_tokens=self.state.agent_prefix_tokens, cfg=self.state.cfg)
-        budget = _budgets(decision, planned, self.state)
-        assignments = applicable_prefix(decision.assignments, now_view, budget)
+        assignments: tuple[Assignment, ...] = ()
+        if decision.assignments:
+            free = planned_free if planned_free is not None else free_after(decision, planned)
+            assignments = applicable_prefix(decision.assignments, now_view, _budgets(decision, planned, free, self.state))
         self.voided += len(decision.assignments) - len(assignments)
         self.state.apply_decision(replace(decision, tier_moves=(), assignments=assignments))
         healthy = {w for w, s in self.state.workers.items() if s.healthy}
@@ -87,9 +91,9 @@ def _still_valid(move: TierMove, state: RuntimeState) -> bool:
     return p is not None and p.home_worker == move.worker and (move.lazy or p.tier is move.src)
 
 
-def _budgets(decision: Decision, planned: View, state: RuntimeState) -> dict[str, int]:
-    """Live free GPU tokens per healthy worker; unbounded where the plan did not budget (it
-    assigned more than the room its own tier moves left on the snapshot)."""
+def free_after(decision: Decision, planned: View) -> dict[str, int]:
+    """GPU tokens free on each healthy worker of the snapshot once the decision's tier moves are
+    made (before its assignments): the room the plan had to place programs in."""
     reserve = planned.cfg.reserve_tokens
     planned_free = {w.worker_id: w.gpu_tokens for w in planned.healthy_workers()}
     tiers = {pid: p.tier for pid, p in planned.programs.items()}
@@ -99,6 +103,13 @@ def _budgets(decision: Decision, planned: View, state: RuntimeState) -> dict[str
     for p in planned.programs.values():
         if tiers[p.program_id] is Tier.GPU and p.home_worker in planned_free:
             planned_free[p.home_worker] -= p.weight(reserve)
+    return planned_free
+
+
+def _budgets(decision: Decision, planned: View, planned_free: dict[str, int], state: RuntimeState) -> dict[str, int]:
+    """Live free GPU tokens per healthy worker; unbounded where the plan did not budget (it
+    assigned more than the room its own tier moves left on the snapshot)."""
+    reserve = planned.cfg.reserve_tokens
     asked: dict[str, int] = {}
     for a in decision.assignments:
         if a.program_id in planned.programs:

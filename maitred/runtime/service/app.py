@@ -46,7 +46,8 @@ class Gateway:
 
     app: FastAPI
     runtime: Runtime
-    client: httpx.AsyncClient
+    client: httpx.AsyncClient   # control plane
+    proxy: Proxy                # model requests
     loop: asyncio.AbstractEventLoop | None = None   # the serving event loop, once started
 
 
@@ -56,11 +57,11 @@ def build_app(cfg: ServeConfig, *, hook_mapper: tuple[HookMapper | None, type[Ex
     signal that stopped it once the app is down, so cleanup after ``uvicorn.run`` may never run."""
     if not cfg.workers:
         raise ValueError("--worker: give at least one worker URL")
-    # Idle connections are let go well before a worker's own keep-alive timeout (uvicorn's and
-    # SGLang's: 5 s), so a request rarely goes out on a connection the worker is closing.
-    limits = httpx.Limits(max_connections=cfg.max_connections, max_keepalive_connections=cfg.max_connections,
-                          keepalive_expiry=2.0)
-    client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(cfg.proxy.request_timeout_s, connect=5.0))
+    # The control plane (health, load, capacity, warmups) speaks httpx; model requests go through
+    # the proxy's own aiohttp pool (see gateway). Idle connections are let go well before a
+    # worker's keep-alive timeout (uvicorn's and SGLang's: 5 s).
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=16, keepalive_expiry=2.0)
+    client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(30.0, connect=5.0))
     backends = {url.rstrip("/"): SGLangWorker(url.rstrip("/"), client) for url in cfg.workers}
     runtime = Runtime(backends, cfg.runtime, Metrics())
 
@@ -71,6 +72,7 @@ def build_app(cfg: ServeConfig, *, hook_mapper: tuple[HookMapper | None, type[Ex
             store = await asyncio.to_thread(_open_store, cfg.db_url, runtime)
             runtime.writer = StoreWriter(store, on_drop=lambda reason, n: runtime.metrics.dropped_events.labels(reason).inc(n))
         gateway.loop = asyncio.get_running_loop()
+        await proxy.start()
         await runtime.start(wait_for_workers_s=cfg.wait_for_workers_s)
         healthy = [url for url, w in runtime.state.workers.items() if w.healthy]
         log.info("maitred: gateway up; policy %s; workers up: %s", cfg.runtime.policy, ", ".join(healthy) or "none yet")
@@ -80,6 +82,7 @@ def build_app(cfg: ServeConfig, *, hook_mapper: tuple[HookMapper | None, type[Ex
             yield
         finally:
             await runtime.stop()
+            await proxy.stop()
             await client.aclose()
             if runtime.writer is not None:
                 await asyncio.to_thread(runtime.writer.close)
@@ -89,9 +92,10 @@ def build_app(cfg: ServeConfig, *, hook_mapper: tuple[HookMapper | None, type[Ex
                 await asyncio.to_thread(on_shutdown)
 
     app = FastAPI(title="maitred", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    add_proxy_routes(app, Proxy(runtime, client, cfg.proxy))
+    proxy = Proxy(runtime, cfg.proxy, max_connections=cfg.max_connections)
+    add_proxy_routes(app, proxy)
     add_admin_routes(app, runtime, token=cfg.token, max_events_bytes=cfg.max_events_bytes, hook_mapper=hook_mapper)
-    gateway = Gateway(app, runtime, client)
+    gateway = Gateway(app, runtime, client, proxy)
     return gateway
 
 

@@ -8,6 +8,7 @@ admin endpoints take the bearer token when one is set; ``/metrics`` and ``/healt
 for scrapers and load balancers (they name no programs).
 """
 
+import asyncio
 import importlib
 import time
 from collections.abc import Callable, Mapping
@@ -116,7 +117,9 @@ def add_admin_routes(app: FastAPI, runtime: Runtime, *, token: str | None, max_e
         workers = {url: w.healthy for url, w in runtime.state.workers.items()}
         ok = any(workers.values())
         return _json({"status": "ok" if ok else "no healthy worker", "workers": workers,
-                      "programs": len(runtime.state.programs), "policy": runtime.scheduler.policy.name}, 200 if ok else 503)
+                      "programs": len(runtime.state.programs), "policy": runtime.scheduler.policy.name,
+                      "requests_in_flight": sum(runtime.inflight.values()), "requests_held": runtime.held_count(),
+                      "tasks": len(asyncio.all_tasks())}, 200 if ok else 503)
 
     app.add_api_route("/v1/events", guarded(events), methods=["POST"], include_in_schema=False)
     app.add_api_route("/v1/hooks/claude-code", guarded(claude_code), methods=["POST"], include_in_schema=False)

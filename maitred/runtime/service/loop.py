@@ -29,8 +29,8 @@ import httpx
 from maitred.events import Event, LLMEnd, LLMStart, ProgramEnd, ToolEnd
 from maitred.runtime.decisions import Decision, Warmup
 from maitred.runtime.model import SignalConfig, Tier, WorkerState
-from maitred.runtime.scheduler import Scheduler
-from maitred.runtime.service.metrics import Metrics
+from maitred.runtime.scheduler import Scheduler, free_after
+from maitred.runtime.service.metrics import Metrics, Tally, program_counts
 from maitred.runtime.service.persist import StoreWriter
 from maitred.runtime.service.sglang import SGLangWorker, WorkerProtocolError
 from maitred.runtime.state import RuntimeState, Snapshot, View
@@ -248,6 +248,9 @@ class Runtime:
         self.metrics.queue_wait.observe(waited)
         return Admission(worker, waited, forced)
 
+    def held_count(self) -> int:
+        return sum(len(w) for w in self._held.values())
+
     def _force(self, program_id: str) -> str:
         """Let a held request through: its healthy home, else the least loaded worker."""
         p = self.state.programs.get(program_id)
@@ -391,18 +394,20 @@ class Runtime:
             last = time.monotonic()
             await self.step()
 
-    def _plan(self, snapshot: Snapshot, now: float) -> tuple[View, Decision]:
+    def _plan(self, snapshot: Snapshot, now: float) -> tuple[View, Decision, dict[str, int], Tally]:
+        """The part of a step that walks every program, in the scheduler thread."""
         view = snapshot.view(now)
-        return view, self.scheduler.plan(view)
+        decision = self.scheduler.plan(view)
+        return view, decision, free_after(decision, view), program_counts(snapshot.programs.values())
 
     async def step(self) -> Decision | None:
         """One scheduler step; never raises (a failure routes held requests plainly)."""
         started = time.perf_counter()
         try:
             snapshot = self.state.snapshot()
-            view, decision = await asyncio.get_running_loop().run_in_executor(
+            view, decision, free, counts = await asyncio.get_running_loop().run_in_executor(
                 self._executor, self._plan, snapshot, self.clock())
-            applied = self.scheduler.apply(decision, view)
+            applied = self.scheduler.apply(decision, view, free)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -430,7 +435,7 @@ class Runtime:
         if self.cfg.warmups:
             for warmup in applied.warmups:
                 self._start_warmup(warmup)
-        self.metrics.observe_state(self.state)
+        self.metrics.observe_state(self.state, counts)
         self.metrics.tick.observe(time.perf_counter() - started)
         return applied
 

@@ -6,13 +6,21 @@ Prometheus conventions (``_total`` counters, ``_seconds`` units); examples/grafa
 dashboard over them.
 """
 
-from collections import Counter as Tally
+import collections
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from maitred.runtime.model import Phase, Tier
+from maitred.runtime.model import Phase, ProgramState, Tier
 from maitred.runtime.state import RuntimeState
+
+Tally = collections.Counter[tuple[Tier, Phase]]
+
+
+def program_counts(programs: Iterable[ProgramState]) -> Tally:
+    """Programs by (tier, phase): computed on a snapshot, off the event loop."""
+    return collections.Counter((p.tier, p.phase) for p in programs)
 
 #: Request latencies from sub-millisecond (a held request released at once) to minutes.
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -54,9 +62,11 @@ class Metrics:
         self.events = Counter("maitred_events_total", "Events accepted by the runtime", registry=r)
         self.dropped_events = Counter("maitred_dropped_events_total", "Events not stored, by reason", ["reason"], registry=r)
 
-    def observe_state(self, state: RuntimeState) -> None:
-        """Refresh the gauges that describe the whole state (once per scheduler step)."""
-        counts = Tally((p.tier, p.phase) for p in state.programs.values())
+    def observe_state(self, state: RuntimeState, counts: Tally | None = None) -> None:
+        """Refresh the gauges that describe the whole state (once per scheduler step, with the
+        counts taken on its snapshot)."""
+        if counts is None:
+            counts = program_counts(state.programs.values())
         for tier in Tier:
             for phase in Phase:
                 self.programs.labels(tier.value, phase.value).set(counts.get((tier, phase), 0))

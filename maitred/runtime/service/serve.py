@@ -172,6 +172,9 @@ def run(args: argparse.Namespace) -> int:
     from maitred.runtime.service.background import KEEP_ALIVE_S
     from maitred.runtime.service.launch import ChildServers
 
+    # The scheduler thread's policy step is CPU-bound Python; a shorter GIL switch interval (5 ms
+    # by default) lets the event loop serve requests between its slices.
+    sys.setswitchinterval(0.001)
     children = ChildServers(launch) if launch is not None else None
     try:
         if children is not None:

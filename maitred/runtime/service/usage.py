@@ -108,10 +108,17 @@ class SSEUsage:
                 out.append(event)
         return b"".join(out)
 
-    def finish(self) -> bytes:
-        """What is left to forward at the end of the stream; settles ``usage``."""
+    def settle(self) -> Usage:
+        """The usage as far as the stream has told it (``/generate`` streams repeat it in every
+        event; the last one counts)."""
         if self._last_meta is not None:
             self._take(self._last_meta)
+            self._last_meta = None
+        return self.usage
+
+    def finish(self) -> bytes:
+        """What is left to forward at the end of the stream; settles ``usage``."""
+        self.settle()
         rest, self._buffer = self._buffer, b""
         if rest and self.drop_usage_only and self._usage_only(rest):
             return b""

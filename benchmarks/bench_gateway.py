@@ -1,0 +1,256 @@
+"""Gateway overhead: added latency and requests/s against calling the worker directly and
+against sglang-router (cache_aware) in front of the same simulated workers, in one run.
+
+Everything runs as separate processes on 127.0.0.1: two simulated SGLang workers (``python -m
+maitred.runtime.service.simworker``, time-scaled so a request costs the worker almost nothing),
+the gateway (``python -m maitred.runtime.service.serve``, no store) and, when the
+``sglang-router`` package is installed, ``python -m sglang_router.launch_router --policy
+cache_aware``, timed only once its ``GET /workers`` shows both workers healthy.
+
+- Added latency: one request at a time, the three targets interleaved (direct, gateway,
+  router) so drift in machine load hits them alike; added = p50/p99 of a target minus the
+  direct one's. Requests carry a program id (stable set of programs) to the gateway.
+- Requests/s: closed loop, ``--concurrency`` clients for ``--duration`` seconds per target.
+- Streaming: time to first byte via the gateway vs direct.
+- Held and released: ``--streams`` concurrent streaming requests of new programs (held until a
+  scheduler step places them), then the gateway's requests in flight, held and asyncio tasks
+  must be back to where they were.
+- Added latency again with 10,000 programs in the runtime state (ticking every second).
+
+Last line: one JSON object with every figure.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from typing import Any
+
+import httpx
+import numpy as np
+
+from maitred.runtime.service.background import free_port, wait_http
+
+BODY = {"model": "sim", "messages": [{"role": "user", "content": "ping " * 20}], "max_tokens": 1}
+
+
+def spawn(stack: ExitStack, argv: list[str]) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop() -> None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    stack.callback(stop)
+    return proc
+
+
+def start_workers(stack: ExitStack, n: int, time_scale: float) -> list[str]:
+    urls = []
+    for _ in range(n):
+        port = free_port()
+        proc = spawn(stack, [sys.executable, "-m", "maitred.runtime.service.simworker", "--port", str(port),
+                             "--gpu-tokens", "2000000", "--time-scale", str(time_scale)])
+        urls.append(f"http://127.0.0.1:{port}")
+        wait_http(urls[-1] + "/health", timeout_s=60, process=proc)
+    return urls
+
+
+def start_gateway(stack: ExitStack, workers: list[str]) -> str:
+    port = free_port()
+    argv = [sys.executable, "-m", "maitred.runtime.service.serve", "--port", str(port), "--no-db", "--log-level", "warning"]
+    for url in workers:
+        argv += ["--worker", url]
+    proc = spawn(stack, argv)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/healthz", timeout_s=60, process=proc)
+    return url
+
+
+def start_router(stack: ExitStack, workers: list[str]) -> str | None:
+    try:
+        import sglang_router  # noqa: F401
+    except ImportError:
+        print("sglang-router is not installed (pip install sglang-router); its column is left out", file=sys.stderr)
+        return None
+    port = free_port()
+    proc = spawn(stack, [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+                         "--policy", "cache_aware", "--log-level", "error", "--worker-urls", *workers])
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:  # the router registers workers in the background: wait until it lists both healthy
+        if proc.poll() is not None:
+            raise RuntimeError(f"sglang-router exited with status {proc.returncode}")
+        try:
+            listed = httpx.get(url + "/workers", timeout=1).json()
+            entries = listed.get("workers", listed) if isinstance(listed, dict) else listed
+            healthy = [w for w in entries if isinstance(w, dict) and w.get("is_healthy", w.get("healthy", False))]
+            if len(healthy) >= len(workers):
+                return url
+        except (httpx.HTTPError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError("sglang-router did not report both workers healthy within 60 s")
+        time.sleep(0.2)
+
+
+def body_for(target: str, i: int, programs: int) -> dict[str, Any]:
+    return {**BODY, "program_id": f"bench-{i % programs}"} if target == "gateway" else dict(BODY)
+
+
+def latencies(urls: dict[str, str], n: int, programs: int) -> dict[str, np.ndarray]:
+    out: dict[str, list[float]] = {name: [] for name in urls}
+    with httpx.Client(timeout=30) as client:
+        for name, url in urls.items():  # warm connections and caches
+            for i in range(50):
+                client.post(url + "/v1/chat/completions", json=body_for(name, i, programs)).raise_for_status()
+        for i in range(n):
+            for name, url in urls.items():
+                body = body_for(name, i, programs)
+                started = time.perf_counter()
+                client.post(url + "/v1/chat/completions", json=body).raise_for_status()
+                out[name].append(time.perf_counter() - started)
+    return {name: np.array(values) * 1000 for name, values in out.items()}
+
+
+async def throughput(url: str, target: str, concurrency: int, duration_s: float, programs: int) -> float:
+    done = 0
+    stop_at = time.perf_counter() + duration_s
+    limits = httpx.Limits(max_connections=concurrency)
+
+    async def client_loop(client: httpx.AsyncClient, k: int) -> None:
+        nonlocal done
+        i = k
+        while time.perf_counter() < stop_at:
+            r = await client.post("/v1/chat/completions", json=body_for(target, i, programs))
+            r.raise_for_status()
+            done += 1
+            i += concurrency
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+        started = time.perf_counter()
+        await asyncio.gather(*(client_loop(client, k) for k in range(concurrency)))
+        return done / (time.perf_counter() - started)
+
+
+def ttfb(urls: dict[str, str], n: int) -> dict[str, float]:
+    out: dict[str, list[float]] = {name: [] for name in urls}
+    with httpx.Client(timeout=30) as client:
+        for i in range(n):
+            for name, url in urls.items():
+                body = {**body_for(name, i, 16), "stream": True, "max_tokens": 8}
+                started = time.perf_counter()
+                with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+                    for i, _ in enumerate(r.iter_raw()):
+                        if i == 0:
+                            out[name].append(time.perf_counter() - started)
+    return {name: statistics.median(v) * 1000 for name, v in out.items()}
+
+
+async def held_streams(url: str, n: int) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=httpx.Limits(max_connections=n)) as client:
+        before = (await client.get("/healthz")).json()
+
+        async def one(i: int) -> bool:
+            body = {**BODY, "program_id": f"held-{i}", "stream": True, "max_tokens": 4}
+            async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                return r.status_code == 200 and (await r.aread()).endswith(b"data: [DONE]\n\n")
+        started = time.perf_counter()
+        ok = await asyncio.gather(*(one(i) for i in range(n)))
+        elapsed = time.perf_counter() - started
+        metrics = (await client.get("/metrics")).text
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        deadline = time.monotonic() + 30
+        while True:
+            after = (await client.get("/healthz")).json()
+            settled = after["requests_in_flight"] == 0 and after["requests_held"] == 0 and after["tasks"] <= before["tasks"]
+            if settled or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+    held = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("maitred_queue_wait_seconds_count"))
+    return {"streams": n, "completed": sum(ok), "seconds": round(elapsed, 2), "admissions_observed": int(held),
+            "left_in_flight": after["requests_in_flight"], "left_held": after["requests_held"],
+            "tasks_before": before["tasks"], "tasks_after": after["tasks"]}
+
+
+def load_programs(url: str, n: int) -> None:
+    now = time.time()
+    lines = []
+    for i in range(n):
+        pid = f"bulk-{i}"
+        lines.append({"type": "program.start", "ts": now, "program_id": pid, "agent": "coder"})
+        lines.append({"type": "llm.start", "ts": now, "program_id": pid, "request_id": "r0", "prompt_tokens": 1000 + i % 5000})
+        lines.append({"type": "llm.end", "ts": now + 1, "program_id": pid, "request_id": "r0", "prompt_tokens": 1000 + i % 5000,
+                      "completion_tokens": 50})
+        lines.append({"type": "tool.start", "ts": now + 1, "program_id": pid, "call_id": "c0", "tool": "pytest"})
+    for k in range(0, len(lines), 10_000):
+        body = "\n".join(json.dumps(e) for e in lines[k:k + 10_000])
+        r = httpx.post(url + "/v1/events", content=body, timeout=60)
+        r.raise_for_status()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=2000, help="sequential requests per target for latency")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds of closed-loop load per target")
+    parser.add_argument("--programs", type=int, default=100, help="distinct program ids sent to the gateway")
+    parser.add_argument("--streams", type=int, default=1000, help="concurrent held streams")
+    parser.add_argument("--time-scale", type=float, default=1000.0, help="simulated workers run this much faster than a GPU")
+    args = parser.parse_args()
+
+    result: dict[str, Any] = {"cores": os.cpu_count()}
+    with ExitStack() as stack:
+        workers = start_workers(stack, 2, args.time_scale)
+        gateway = start_gateway(stack, workers)
+        router = start_router(stack, workers)
+        urls = {"direct": workers[0], "gateway": gateway}
+        if router:
+            urls["sglang_router"] = router
+        lat = latencies(urls, args.requests, args.programs)
+        for name, values in lat.items():
+            print(f"{name:14s} p50 {np.percentile(values, 50):.3f} ms  p99 {np.percentile(values, 99):.3f} ms", file=sys.stderr)
+        base50, base99 = np.percentile(lat["direct"], 50), np.percentile(lat["direct"], 99)
+        result["direct_ms_p50"] = round(float(base50), 3)
+        result["added_ms_p50"] = round(float(np.percentile(lat["gateway"], 50) - base50), 3)
+        result["added_ms_p99"] = round(float(np.percentile(lat["gateway"], 99) - base99), 3)
+        if router:
+            result["sglang_router_added_ms_p50"] = round(float(np.percentile(lat["sglang_router"], 50) - base50), 3)
+            result["sglang_router_added_ms_p99"] = round(float(np.percentile(lat["sglang_router"], 99) - base99), 3)
+        rps = {name: asyncio.run(throughput(url, name, args.concurrency, args.duration, args.programs))
+               for name, url in urls.items()}
+        print("requests/s: " + ", ".join(f"{k} {v:.0f}" for k, v in rps.items()), file=sys.stderr)
+        result["direct_requests_per_s"] = round(rps["direct"], 1)
+        result["requests_per_s"] = round(rps["gateway"], 1)
+        if router:
+            result["sglang_router_requests_per_s"] = round(rps["sglang_router"], 1)
+            result["requests_per_s_vs_sglang_router"] = round(rps["gateway"] / rps["sglang_router"], 3)
+        first = ttfb({"direct": workers[0], "gateway": gateway}, 200)
+        result["stream_ttfb_ms_direct_p50"] = round(first["direct"], 3)
+        result["stream_ttfb_ms_gateway_p50"] = round(first["gateway"], 3)
+        result["held_streams"] = asyncio.run(held_streams(gateway, args.streams))
+        print(f"held streams: {result['held_streams']}", file=sys.stderr)
+        load_programs(gateway, 10_000)
+        time.sleep(2.0)  # a few periodic ticks over 10,000 programs
+        lat10k = latencies({"direct": workers[0], "gateway": gateway}, max(args.requests // 2, 200), args.programs)
+        result["programs_in_state"] = httpx.get(gateway + "/healthz").json()["programs"]
+        result["added_ms_p50_10k_programs"] = round(float(np.percentile(lat10k["gateway"], 50) - np.percentile(lat10k["direct"], 50)), 3)
+        result["added_ms_p99_10k_programs"] = round(float(np.percentile(lat10k["gateway"], 99) - np.percentile(lat10k["direct"], 99)), 3)
+        ticks = httpx.get(gateway + "/metrics").text
+        count = sum(float(line.rsplit(" ", 1)[1]) for line in ticks.splitlines() if line.startswith("maitred_scheduler_tick_seconds_count"))
+        total = sum(float(line.rsplit(" ", 1)[1]) for line in ticks.splitlines() if line.startswith("maitred_scheduler_tick_seconds_sum"))
+        result["scheduler_ticks"] = int(count)
+        result["scheduler_tick_ms_mean"] = round(total / count * 1000, 2) if count else None
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
