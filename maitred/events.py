@@ -358,25 +358,28 @@ def loads_batch(body: bytes | str, *, now: float | None = None) -> Batch:
 
     Each NDJSON line and each array element is parsed on its own: one that is not JSON, not
     UTF-8, or nested past what the parser can take is rejected by position (field ``line`` or
-    ``element``) and the others are kept. Only an array whose brackets never close is refused
-    as a whole (``EventError`` on ``body``).
+    ``element``) and the others are kept. A body that is not one JSON array is read as NDJSON;
+    only a one-line body starting with ``[`` whose brackets do not balance is refused as a
+    whole (``EventError`` on ``body``).
     """
     # Bytes that are not UTF-8 become lone surrogates, which validation refuses per event.
     text = body.decode("utf-8", "surrogateescape") if isinstance(body, bytes) else body
     stripped = text.strip()
     if not stripped:
         return Batch()
-    if stripped[0] == "[":
+    if stripped[0] in "[{":
         try:
-            items = json.loads(stripped)
+            whole = json.loads(stripped)
         except (ValueError, RecursionError):
-            return _parse_each(_array_elements(stripped), "element", now)
-        return decode_batch(items, now=now)
-    if stripped[0] == "{":
-        try:
-            return decode_batch([json.loads(stripped)], now=now)  # one object, maybe pretty-printed
-        except (ValueError, RecursionError):
-            pass
+            whole = None
+        if isinstance(whole, (list, dict)):  # one array, or one (maybe pretty-printed) object
+            return decode_batch(whole if isinstance(whole, list) else [whole], now=now)
+        if stripped[0] == "[":
+            try:
+                return _parse_each(_array_elements(stripped), "element", now)
+            except EventError:
+                if "\n" not in stripped:
+                    raise
     lines = [line for line in stripped.split("\n") if line.strip()]
     return _parse_each(lines, "line", now)
 
