@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
+# LiteLLM fetches a price list from the network at import unless told to use its bundled copy.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 pytest.importorskip("litellm", reason="the litellm extra is not installed")
 pytest.importorskip("backoff", reason="the litellm extra (the proxy's dependencies) is not installed")
 
