@@ -126,8 +126,11 @@ def _shape(conn: Connection, tables: Any) -> dict[str, tuple[frozenset[str], fro
 
 def adopt_unstamped(conn: Connection, migration: MigrationContext, *, where: str) -> None:
     """Repair a schema that has maitred's tables but no version stamp (see the module doc)."""
+    present = set(inspect(conn).get_table_names()) - {"alembic_version"}
+    if not present:
+        return  # a new database: the common case, decided without building the reference
     reference = first_revision_shape()
-    found = sorted(set(inspect(conn).get_table_names()) & set(reference))
+    found = sorted(present & set(reference))
     if not found:
         return
     shape = _shape(conn, found)
