@@ -1,26 +1,40 @@
-"""Time added per instrumented tool call: instrumented minus bare, sync and async, same run.
+"""Time added per instrumented tool call, and end-to-end events/s from ``@maitred.tool`` into a store.
 
-The emitter is pointed at a sink that discards batches so the figure is the caller's cost
-(building and queueing two events), which is what the agent pays; delivery happens on the
-emitter's thread. Medians over many rounds of ``--calls`` calls each, interleaving bare and
-instrumented rounds so machine noise hits both alike.
+Per-call overhead: instrumented minus bare, sync and async, same run. The emitter is pointed at a
+sink that discards batches so the figure is the caller's cost (building and queueing two
+events), which is what the agent pays; delivery happens on the emitter's thread. Medians over
+many rounds of ``--calls`` calls each, interleaving bare and instrumented rounds so machine noise
+hits both alike.
 
-    python benchmarks/bench_middleware.py [--rounds 200] [--calls 2000]
+End to end: ``--e2e-calls`` back-to-back calls of a no-op ``@maitred.tool`` with default
+settings into a fresh SQLite file and a fresh PostgreSQL schema (``--postgres`` or
+``MAITRED_TEST_POSTGRES_URL``; null when neither is set), timed from the first call until
+``flush()`` returns; ``end_to_end_dropped`` counts what the emitter dropped on the way (the
+goal is 0). The store is opened (migrations run) before the clock starts.
+
+    python benchmarks/bench_middleware.py [--rounds 200] [--calls 2000] [--e2e-calls 100000] [--postgres URL]
 """
 
 import argparse
 import asyncio
 import json
+import os
 import statistics
+import tempfile
 import time
+import uuid
+from pathlib import Path
+from urllib.parse import quote
+
+from sqlalchemy import create_engine, text
 
 import maitred
 from maitred.middleware import EmitterSettings
 
 
 class NullSink:
-    def send(self, events) -> None:
-        pass
+    def send(self, events) -> int:
+        return 0
 
     def close(self) -> None:
         pass
@@ -48,27 +62,72 @@ async def aper_call_us(fn, calls: int) -> float:
     return (time.perf_counter() - began) / calls * 1e6
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=200)
-    parser.add_argument("--calls", type=int, default=2000)
-    args = parser.parse_args()
+def overhead(rounds: int, calls: int) -> dict[str, float]:
     maitred.configure(sinks=[NullSink()], settings=EmitterSettings(max_queue=1_000_000, batch_size=10_000))
     inst, ainst = maitred.tool(bare), maitred.tool(abare)
     added_sync, added_async = [], []
     loop = asyncio.new_event_loop()
     with maitred.program("bench", agent="bench"):
-        for _ in range(args.rounds):
-            added_sync.append(per_call_us(inst, args.calls) - per_call_us(bare, args.calls))
+        for _ in range(rounds):
+            added_sync.append(per_call_us(inst, calls) - per_call_us(bare, calls))
             added_async.append(
-                loop.run_until_complete(aper_call_us(ainst, args.calls))
-                - loop.run_until_complete(aper_call_us(abare, args.calls))
+                loop.run_until_complete(aper_call_us(ainst, calls)) - loop.run_until_complete(aper_call_us(abare, calls))
             )
     loop.close()
     maitred.shutdown()
-    result = {"added_us_sync": round(statistics.median(added_sync), 2), "added_us_async": round(statistics.median(added_async), 2)}
-    print(f"rounds={args.rounds} calls/round={args.calls}; p90 sync {statistics.quantiles(added_sync, n=10)[-1]:.2f} us, "
+    print(f"overhead: rounds={rounds} calls/round={calls}; p90 sync {statistics.quantiles(added_sync, n=10)[-1]:.2f} us, "
           f"p90 async {statistics.quantiles(added_async, n=10)[-1]:.2f} us")
+    return {"added_us_sync": round(statistics.median(added_sync), 2), "added_us_async": round(statistics.median(added_async), 2)}
+
+
+def end_to_end(url: str, calls: int) -> tuple[float, int]:
+    """(events/s from the first call until flush returns, events dropped), default settings."""
+    maitred.configure(db_url=url)
+    noop = maitred.tool(name="e2e")(bare)
+    noop(0)
+    assert maitred.flush(timeout=120), "the store did not open"
+    began = time.perf_counter()
+    for i in range(calls):
+        noop(i)
+    maitred.flush(timeout=600)
+    took = time.perf_counter() - began
+    (stats,) = maitred.stats()
+    maitred.shutdown()
+    return 2 * calls / took, stats.dropped
+
+
+def postgres_schema(url: str) -> tuple[str, str]:
+    schema = f"bench_{uuid.uuid4().hex[:10]}"
+    with create_engine(url).begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    sep = "&" if "?" in url else "?"
+    return schema, f"{url}{sep}options={quote(f'-csearch_path={schema}')}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--e2e-calls", type=int, default=100_000)
+    parser.add_argument("--postgres", default=os.environ.get("MAITRED_TEST_POSTGRES_URL"))
+    args = parser.parse_args()
+    result: dict[str, object] = overhead(args.rounds, args.calls)
+    rates: dict[str, float | None] = {"sqlite": None, "postgresql": None}
+    dropped: dict[str, int | None] = {"sqlite": None, "postgresql": None}
+    with tempfile.TemporaryDirectory() as tmp:
+        rate, lost = end_to_end(f"sqlite:///{Path(tmp) / 'e2e.db'}", args.e2e_calls)
+        rates["sqlite"], dropped["sqlite"] = round(rate), lost
+    if args.postgres:
+        schema, url = postgres_schema(args.postgres)
+        try:
+            rate, lost = end_to_end(url, args.e2e_calls)
+            rates["postgresql"], dropped["postgresql"] = round(rate), lost
+        finally:
+            with create_engine(args.postgres).begin() as conn:
+                conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+    print(f"end to end: {args.e2e_calls} tool calls ({2 * args.e2e_calls} events), default settings: "
+          + ", ".join(f"{k} {v} events/s, {dropped[k]} dropped" for k, v in rates.items() if v is not None))
+    result.update(end_to_end_events_per_s=rates, end_to_end_dropped=dropped)
     print(json.dumps(result))
 
 
