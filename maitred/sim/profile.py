@@ -19,6 +19,7 @@ BF16 with Qwen2.5-7B's shape (28 layers, 4 KV heads of dimension 128):
 """
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -42,8 +43,8 @@ class EngineProfile:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.type in (int, float, "int", "float") and not value > 0:
-                raise ValueError(f"engine profile {f.name}: must be positive, got {value!r}")
+            if f.type in (int, float, "int", "float") and not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"engine profile {f.name}: must be positive and finite, got {value!r}")
 
     def step_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
         return (self.step_base_s + prefill_tokens * self.prefill_s_per_token

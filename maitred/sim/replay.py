@@ -14,6 +14,7 @@ import itertools
 import math
 import random
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -178,7 +179,7 @@ class Replay:
             if t > end:
                 break
             if kind == "engine":
-                wid, version = data  # type: ignore[misc]
+                wid, version = cast(tuple[str, int], data)
                 if version == self.versions[wid]:
                     self._finished(wid, self.workers[wid].advance(t), t)
             elif kind == "tick":
@@ -225,6 +226,7 @@ class Replay:
         for req in done:
             if req.background is not None:
                 continue
+            assert req.first_token_at is not None and req.done_at is not None, "the engine returns finished requests"
             self.ttft.append(req.first_token_at - req.arrival)
             self.output_tokens += req.output
             run = self.running[req.program_id]
@@ -339,9 +341,9 @@ class Replay:
                 self._submit(home, req, t)
             elif t - req.arrival >= self.cfg.hold_timeout_s:
                 del self.held[pid]
-                worker = home or self._least_loaded()
-                self.state.force_admit(pid, worker)
-                self._submit(worker, req, t)
+                target = home or self._least_loaded()
+                self.state.force_admit(pid, target)
+                self._submit(target, req, t)
         for wid in touched:
             self._reschedule(wid)
 

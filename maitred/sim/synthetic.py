@@ -26,6 +26,7 @@ handoffs (a planner hands over to a coder, sharing part of its context) and huma
 import math
 import random
 from dataclasses import dataclass, fields
+from typing import Any
 from urllib.parse import parse_qsl
 
 from maitred.sim.traces import ProgramTrace, Step, ToolCall, Trace, TraceError
@@ -40,6 +41,10 @@ TOOLS_SHORT = (("Read", None), ("Grep", None), ("Edit", None), ("Bash", "Bash:ls
 TOOLS_LONG = (("Bash", "Bash:pytest"), ("Bash", "Bash:make"), ("WebFetch", None), ("Task", None))
 
 
+#: Bounds that keep a mistyped option from generating for hours (the published figures use 400).
+MAX_PROGRAMS, MAX_STEPS = 100_000, 10_000
+
+
 @dataclass(frozen=True, slots=True)
 class SyntheticSpec:
     programs: int = 200
@@ -51,8 +56,8 @@ class SyntheticSpec:
     deadlines: float = 0.5    # share of tool calls that declare a deadline (Bash's timeout)
 
     def __post_init__(self) -> None:
-        if self.programs < 1 or self.min_steps < 1 or self.max_steps < self.min_steps:
-            raise ValueError("programs and min_steps must be >= 1 and max_steps >= min_steps")
+        if not (1 <= self.programs <= MAX_PROGRAMS and 1 <= self.min_steps <= self.max_steps <= MAX_STEPS):
+            raise ValueError(f"programs must be in [1, {MAX_PROGRAMS:,}] and 1 <= min_steps <= max_steps <= {MAX_STEPS:,}")
         for name in ("handoffs", "human_waits", "deadlines"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be a share in [0, 1]")
@@ -127,7 +132,7 @@ def from_spec(text: str) -> Trace:
     if kind not in ("synthetic", "synthetic:claude-code"):
         raise TraceError(f"unknown synthetic workload {kind!r}; use synthetic:claude-code")
     known = {f.name: f.type for f in fields(SyntheticSpec)}
-    values: dict[str, float | int] = {}
+    values: dict[str, Any] = {}  # each converted to its field's type below
     for key, raw in parse_qsl(query, strict_parsing=bool(query)):
         if key not in known:
             raise TraceError(f"synthetic option {key!r} is unknown; options: {', '.join(known)}")
