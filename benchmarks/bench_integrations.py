@@ -1,0 +1,218 @@
+"""Integration overheads: the Claude Code command hook's latency, and MaitredMiddleware's cost
+inside a LangGraph agent.
+
+1. Command hook: wall time from process start to exit of ``python -m
+   maitred.integrations.claude_code`` fed one PreToolUse payload (Python start-up included),
+   median and p90 over ``--hook-runs`` runs, with the runtime up (a gateway on simulated
+   workers, the events POSTed to it), with the runtime down (connection refused, one line,
+   exit), and without a runtime (the store write handed to a detached process). The same with a
+   *bare* ``maitred`` package (its ``__init__`` not run, as a lazy ``maitred/__init__.py`` would
+   make it) shows what the hook itself costs apart from the package's eager imports.
+2. Middleware: one ``create_agent`` agent on a scripted chat model (each step one model call and
+   one tool call), run with and without ``MaitredMiddleware`` in alternation; events go through
+   the real emitter to a sink that counts them. Reported: the middleware's own time per tool
+   call and per model call (measured inside the hooks, the wrapped handler's time excluded), and
+   the difference in step time, as a share of the plain agent's step time. Goal: <= 2 %.
+
+    python benchmarks/bench_integrations.py [--hook-runs 30] [--agent-runs 30] [--steps 10]
+
+The last line is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PAYLOAD = json.dumps({
+    "session_id": "bench-session", "transcript_path": "/tmp/t.jsonl", "cwd": "/tmp", "permission_mode": "default",
+    "hook_event_name": "PreToolUse", "tool_name": "Bash", "tool_use_id": "toolu_bench",
+    "tool_input": {"command": "pytest -x tests", "timeout": 120000},
+})
+#: Runs the hook module with ``maitred`` registered as a bare package, so its ``__init__`` (which
+#: imports the whole middleware eagerly today) does not run: the cost a lazy ``__init__`` leaves.
+BARE = (
+    "import sys, types, runpy; p = types.ModuleType('maitred'); p.__path__ = [{path!r}]; sys.modules['maitred'] = p; "
+    "runpy.run_module('maitred.integrations.claude_code', run_name='__main__')"
+)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def time_process(argv: list[str], env: dict[str, str], runs: int) -> dict[str, float]:
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        done = subprocess.run(argv, input=PAYLOAD, capture_output=True, text=True, env=env, timeout=60)
+        samples.append(time.perf_counter() - start)
+        if done.returncode != 0:
+            raise RuntimeError(f"the hook exited {done.returncode}: {done.stderr}")
+    return {"median_ms": round(statistics.median(samples) * 1000, 1), "p90_ms": round(percentile(samples, 0.9) * 1000, 1)}
+
+
+def bench_hook(runs: int) -> dict[str, Any]:
+    from maitred.integrations.local import local_cluster
+    from maitred.runtime.service.background import free_port
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MAITRED_")}
+    module = [sys.executable, "-m", "maitred.integrations.claude_code"]
+    bare = [sys.executable, "-c", BARE.format(path=str(ROOT / "maitred"))]
+    out: dict[str, Any] = {"python_startup": time_process([sys.executable, "-c", "pass"], base, runs),
+                           "import_maitred": time_process([sys.executable, "-c", "import maitred"], base, runs)}
+    down = {**base, "MAITRED_URL": f"http://127.0.0.1:{free_port()}"}
+    with tempfile.TemporaryDirectory() as folder:
+        store = {**base, "MAITRED_DB": f"sqlite:///{folder}/hooks.db"}
+        with local_cluster(script_tools=False) as cluster:
+            up = {**base, "MAITRED_URL": cluster.gateway_url}
+            for name, argv in (("as_shipped", module), ("bare_package", bare)):
+                out[name] = {
+                    "runtime_up": time_process(argv, up, runs),
+                    "runtime_down": time_process(argv, down, runs),
+                    "store_detached": time_process(argv, store, runs),
+                }
+    return out
+
+
+def bench_middleware(runs: int, steps: int) -> dict[str, Any]:
+    from langchain.agents import create_agent
+    from langchain_core.language_models import BaseChatModel
+    from langchain_core.messages import AIMessage
+    from langchain_core.outputs import ChatGeneration, ChatResult
+    from langchain_core.tools import tool
+
+    import maitred
+    from maitred.integrations.langgraph import MaitredMiddleware
+
+    class Scripted(BaseChatModel):
+        """``steps`` turns that each call the tool, then an answer; resets per run."""
+
+        n: int = 0
+
+        @property
+        def _llm_type(self) -> str:
+            return "scripted"
+
+        def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+            kwargs.pop("tool_choice", None)
+            return self.bind(**kwargs)
+
+        def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+            self.n += 1
+            usage = {"input_tokens": 100 + self.n, "output_tokens": 5, "total_tokens": 105 + self.n}
+            if self.n <= steps:
+                message = AIMessage("", tool_calls=[{"name": "lookup", "args": {"key": f"k{self.n}"}, "id": f"call_{self.n}",
+                                                     "type": "tool_call"}], usage_metadata=usage)
+            else:
+                message = AIMessage("done", usage_metadata=usage)
+            return ChatResult(generations=[ChatGeneration(message=message)])
+
+    @tool
+    def lookup(key: str) -> str:
+        """Look a key up."""
+        return f"value of {key}"
+
+    class Counting:
+        events = 0
+
+        def send(self, events: Sequence[Any]) -> int:
+            Counting.events += len(events)
+            return 0
+
+        def close(self) -> None:
+            pass
+
+    class Timed(MaitredMiddleware):
+        """The middleware, timing its own share of each hook (the handler's time taken out)."""
+
+        tool_s: list[float] = []
+        model_s: list[float] = []
+
+        def _timed(self, hook: Callable[..., Any], request: Any, handler: Callable[[Any], Any], into: list[float]) -> Any:
+            inner = 0.0
+
+            def timed_handler(r: Any) -> Any:
+                nonlocal inner
+                t = time.perf_counter()
+                try:
+                    return handler(r)
+                finally:
+                    inner += time.perf_counter() - t
+
+            start = time.perf_counter()
+            result = hook(request, timed_handler)
+            into.append(time.perf_counter() - start - inner)
+            return result
+
+        def wrap_tool_call(self, request: Any, handler: Any) -> Any:
+            return self._timed(super().wrap_tool_call, request, handler, self.tool_s)
+
+        def wrap_model_call(self, request: Any, handler: Any) -> Any:
+            return self._timed(super().wrap_model_call, request, handler, self.model_s)
+
+    maitred.configure(sinks=[Counting()])
+    model_plain, model_with = Scripted(), Scripted()
+    plain = create_agent(model_plain, [lookup], name="worker")
+    timed = Timed()
+    instrumented = create_agent(model_with, [lookup], name="worker", middleware=[timed])
+
+    def one(agent: Any, model: Any, thread: str) -> float:
+        model.n = 0
+        start = time.perf_counter()
+        agent.invoke({"messages": [{"role": "user", "content": "go"}]}, {"configurable": {"thread_id": thread}})
+        return (time.perf_counter() - start) / (steps + 1)
+
+    for i in range(3):  # warm up both
+        one(plain, model_plain, f"warm-{i}")
+        one(instrumented, model_with, f"warm-{i}")
+    Timed.tool_s.clear()
+    Timed.model_s.clear()
+    without, with_ = [], []
+    for i in range(runs):
+        without.append(one(plain, model_plain, f"plain-{i}"))
+        with_.append(one(instrumented, model_with, f"with-{i}"))
+    maitred.flush(timeout=10)
+    step_plain, step_with = statistics.median(without), statistics.median(with_)
+    tool_us = statistics.median(Timed.tool_s) * 1e6
+    model_us = statistics.median(Timed.model_s) * 1e6
+    return {
+        "steps_per_run": steps, "runs": runs, "events_delivered": Counting.events,
+        "step_ms_without": round(step_plain * 1000, 3), "step_ms_with": round(step_with * 1000, 3),
+        "overhead_per_tool_call_us": round(tool_us, 1), "overhead_per_model_call_us": round(model_us, 1),
+        "overhead_share_measured_in_hooks": round((tool_us + model_us) * steps / (steps + 1) / 1e6 / step_plain, 4),
+        "overhead_share_ab": round((step_with - step_plain) / step_plain, 4),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hook-runs", type=int, default=30)
+    parser.add_argument("--agent-runs", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=10)
+    args = parser.parse_args()
+    hook = bench_hook(args.hook_runs)
+    print("command hook (ms, median / p90):")
+    for key, value in hook.items():
+        print(f"  {key}: {value}")
+    middleware = bench_middleware(args.agent_runs, args.steps)
+    print("LangGraph middleware:")
+    for key, value in middleware.items():
+        print(f"  {key}: {value}")
+    print(json.dumps({"command_hook": hook, "langgraph_middleware": middleware,
+                      "goals": {"hook_median_ms": 100, "middleware_share": 0.02}}))
+
+
+if __name__ == "__main__":
+    main()
