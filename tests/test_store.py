@@ -338,3 +338,19 @@ def test_an_event_built_in_process_with_a_wrong_type_is_rejected_naming_the_fiel
         assert result.stored == 4 and store.tool_stats("t").n == 2
     (rejected,) = result.rejected
     assert (rejected.index, rejected.type) == (4, "tool.start") and rejected.reason.startswith("tool: ")
+
+
+def test_an_event_a_constraint_refuses_is_isolated_with_the_database_reason(db_url):
+    with SessionStore(db_url) as store:
+        with store.engine.begin() as conn:
+            if db_url.startswith("postgresql"):
+                conn.execute(text("ALTER TABLE tool_calls ADD CONSTRAINT no_poison CHECK (tool <> 'poison')"))
+            else:
+                conn.execute(text("CREATE TRIGGER no_poison BEFORE INSERT ON tool_calls WHEN NEW.tool = 'poison' "
+                                  "BEGIN SELECT RAISE(ABORT, 'no poison'); END"))
+        poison = ToolStart(ts=T0, program_id="p", call_id="bad", tool="poison")
+        result = store.write([*tool_events_objects(3), poison, *tool_events_objects(5)[6:]])
+        assert result.stored == 10 and store.tool_stats("t").n == 5
+        (rejected,) = result.rejected
+        assert (rejected.index, rejected.type) == (6, "tool.start")
+        assert rejected.reason in ('new row for relation "tool_calls" violates check constraint "no_poison"', "no poison")
