@@ -297,6 +297,8 @@ def _json(content: bytes) -> Any:
 
 
 def add_proxy_routes(app: FastAPI, proxy: Proxy) -> None:
+    # Plain Starlette routes: the handlers take the Request and answer a Response themselves, so
+    # FastAPI's parameter resolution (a measurable share of the latency budget) is skipped.
     for path in ENDPOINTS:
-        app.add_api_route(path, proxy.handle, methods=["POST"], include_in_schema=False)
+        app.add_route(path, proxy.handle, methods=["POST"], include_in_schema=False)
 

@@ -121,11 +121,11 @@ def add_admin_routes(app: FastAPI, runtime: Runtime, *, token: str | None, max_e
                       "requests_in_flight": sum(runtime.inflight.values()), "requests_held": runtime.held_count(),
                       "tasks": len(asyncio.all_tasks())}, 200 if ok else 503)
 
-    app.add_api_route("/v1/events", guarded(events), methods=["POST"], include_in_schema=False)
-    app.add_api_route("/v1/hooks/claude-code", guarded(claude_code), methods=["POST"], include_in_schema=False)
-    app.add_api_route("/v1/programs", guarded(programs), methods=["GET"], include_in_schema=False)
-    app.add_api_route("/v1/programs/{program_id:path}", guarded(program), methods=["GET"], include_in_schema=False)
-    app.add_api_route("/v1/stats/tools", guarded(tool_stats), methods=["GET"], include_in_schema=False)
-    app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
-    app.add_api_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
+    app.add_route("/v1/events", guarded(events), methods=["POST"], include_in_schema=False)
+    app.add_route("/v1/hooks/claude-code", guarded(claude_code), methods=["POST"], include_in_schema=False)
+    app.add_route("/v1/programs", guarded(programs), methods=["GET"], include_in_schema=False)
+    app.add_route("/v1/programs/{program_id:path}", guarded(program), methods=["GET"], include_in_schema=False)
+    app.add_route("/v1/stats/tools", guarded(tool_stats), methods=["GET"], include_in_schema=False)
+    app.add_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
+    app.add_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
 
