@@ -372,3 +372,36 @@ async def test_claude_code_hook_payloads_become_program_state(cluster):
         assert any(row["tool"] == "Bash:pytest" and row["n"] == 1 for row in stats["tools"])
         bad = await client.post("/v1/hooks/claude-code", json={"hook_event_name": "PreToolUse", "tool_name": "Bash"})
         assert bad.status_code == 400 and "session_id" in bad.json()["error"]["message"]
+
+
+async def test_a_demoted_program_about_to_return_is_warmed_with_a_prefill_only_request(cluster):
+    c = cluster(workers=1, gpu_tokens=40_000, cpu_tokens=80_000, runtime=replace(FAST, hold_timeout_s=1.0))
+    prompts = {f"t{i}": f"t{i} " + "tok " * 6_000 for i in range(7)}  # six fit, the seventh is forced in
+
+    async def step(client: httpx.AsyncClient, pid: str) -> None:
+        r = await client.post("/v1/completions", json={"model": "sim", "prompt": prompts[pid], "max_tokens": 4,
+                                                         "program_id": pid})
+        assert r.status_code == 200, r.text
+
+    async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
+        for pid in list(prompts)[:6]:
+            await step(client, pid)
+            await client.post("/v1/events", json=[event("tool.start", pid, call_id="c1", tool="build")])
+        await step(client, "t6")
+        await client.post("/v1/events", json=[event("tool.start", "t6", call_id="c1", tool="build")])
+
+        async def demoted() -> list[str]:
+            return [p["program_id"] for p in (await client.get("/v1/programs")).json() if p["tier"] == "cpu"]
+        down = await until(demoted)
+        for pid in prompts:  # the others finish; the demoted ones' tools end: they will ask again soon
+            if pid not in down:
+                await client.post("/v1/events", json=[event("program.end", pid)])
+        for pid in down:
+            await client.post("/v1/events", json=[event("tool.end", pid, call_id="c1")])
+
+        async def warmed() -> float:
+            return c.metric((await client.get("/metrics")).text, 'maitred_warmups_total{outcome="done"}')
+        assert await until(warmed) >= 1
+        for pid in down:
+            await step(client, pid)
+            assert (await client.get(f"/v1/programs/{pid}")).json()["last_cached_tokens"] >= 6_000
