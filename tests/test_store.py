@@ -1,4 +1,6 @@
 import json
+import re
+import uuid
 
 import numpy as np
 import pytest
@@ -6,6 +8,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.operations import Operations
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, func, inspect, select, text
+from sqlalchemy.engine import make_url
 
 from maitred.events import Handoff, LLMEnd, ProgramStart, ToolEnd, ToolStart, decode_batch
 from maitred.storage import (
@@ -354,3 +357,12 @@ def test_an_event_a_constraint_refuses_is_isolated_with_the_database_reason(db_u
         (rejected,) = result.rejected
         assert (rejected.index, rejected.type) == (6, "tool.start")
         assert rejected.reason in ('new row for relation "tool_calls" violates check constraint "no_poison"', "no poison")
+
+
+def test_a_missing_postgresql_database_is_named(db_url):
+    if not db_url.startswith("postgresql"):
+        pytest.skip("PostgreSQL only: a missing SQLite file is covered by create=False")
+    missing = make_url(db_url).set(database=f"no_such_{uuid.uuid4().hex[:8]}", query={})
+    url = missing.render_as_string(hide_password=False)
+    with pytest.raises(NoSuchDatabase, match=f"^no such database: {re.escape(missing.render_as_string())}$"):
+        SessionStore(url, create=False)

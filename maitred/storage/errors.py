@@ -8,6 +8,7 @@ retrying cannot help. Every error the store raises is a ``StoreError`` with a on
 that names the database, never a driver traceback or an SQL dump.
 """
 
+import re
 import sqlite3
 from typing import Any
 
@@ -47,6 +48,8 @@ _SQLITE_CONTENT = {"SQLITE_TOOBIG", "SQLITE_CONSTRAINT", "SQLITE_MISMATCH", "SQL
 #: PostgreSQL SQLSTATE classes for refused content: data exception, integrity constraint
 #: violation, program limit exceeded (an index row too big).
 _PG_CONTENT_CLASSES = ("22", "23", "54")
+#: How PostgreSQL refuses a connection to a database that is not there.
+_PG_NO_DATABASE = re.compile(r'FATAL:\s+database ".*" does not exist')
 
 
 def describe(url: str) -> str:
@@ -105,6 +108,8 @@ def translate(error: BaseException, url: str) -> StoreError:
         return StoreUnavailable(f"cannot open database: {where} ({message})")
     if code == "SQLITE_FULL":
         return StoreUnavailable(f"database or disk is full: {where}")
+    if _PG_NO_DATABASE.search(message):
+        return NoSuchDatabase(f"no such database: {where}")
     if isinstance(error, (sa_exc.OperationalError, sa_exc.InterfaceError)) or code is not None:
         return StoreUnavailable(f"database unavailable: {where} ({message})")
     return StoreError(f"{where}: {message}")
