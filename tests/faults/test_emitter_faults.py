@@ -185,6 +185,34 @@ def test_a_writer_killed_mid_stream_leaves_a_sound_store_and_later_writers_conti
            stored=total_stored, dropped=0, lost_in_memory=total_emitted - total_stored, later_writer_stored=stored)
 
 
+# -- concurrent first use ------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_several_processes_writing_first_to_a_new_store_lose_nothing_quietly(fresh_db):
+    """Four processes start at once on a store nobody has created yet: every event is stored,
+    none is dropped, no process is left with a ``last_error``, and nothing multi-line (SQL,
+    tracebacks) reaches stderr."""
+    url = fresh_db()
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.faults.test_emitter_faults", "first-use", url, f"first-{i}", "500"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        for i in range(4)
+    ]
+    outcomes = [child.communicate(timeout=240) for child in children]
+    assert [child.returncode for child in children] == [0] * 4, [err for _, err in outcomes]
+    stats = [json.loads(out.splitlines()[-1]) for out, _ in outcomes]
+    assert [(s["dropped"], s["last_error"]) for s in stats] == [(0, None)] * 4
+    for _, err in outcomes:
+        assert "CREATE TABLE" not in err and "Traceback" not in err and "pg_type" not in err, err
+    stored = [stored_tool_calls(url, f"first-{i}") for i in range(4)]
+    assert stored == [(1002, 500)] * 4
+    record(f"4 processes' first writes at once ({url.split(':')[0]})", emitted=4 * 1002,
+           stored=sum(n for n, _ in stored), dropped=sum(s["dropped"] for s in stats))
+
+
 # -- the child processes ---------------------------------------------------------------------------
 
 
@@ -251,6 +279,13 @@ def child(argv: list[str]) -> None:
                 tool()
                 if i % PRINT_EVERY == 0:
                     print(2 * i + 1, flush=True)  # events emitted so far, program.start included
+    elif scenario == "first-use":
+        url, program_id, calls = argv[1:]
+        maitred.configure(db_url=url)
+        emitted = _emit(program_id, int(calls))
+        ok = maitred.flush(timeout=120)
+        (stats,) = maitred.stats()
+        print(json.dumps({"emitted": emitted, "flushed": ok, "dropped": stats.dropped, "last_error": stats.last_error}))
     else:
         raise SystemExit(f"unknown scenario {scenario!r}")
 
