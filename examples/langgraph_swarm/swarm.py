@@ -4,6 +4,7 @@
 ``create_agent`` graphs with ``MaitredMiddleware``: every tool call is recorded under the
 model's tool call id, the handoff with the messages alice and bob share, and every model request
 carries the program id (the LangGraph thread id) so the gateway schedules it as one program.
+The gateway records the model calls itself, hence ``record_model_calls=False``.
 
     python examples/langgraph_swarm/swarm.py                       # starts two sim-workers and a gateway here
     python examples/langgraph_swarm/swarm.py --gateway http://127.0.0.1:8000   # an existing maitred serve
@@ -45,8 +46,8 @@ def run(gateway: str) -> None:
     def model() -> ChatOpenAI:
         return ChatOpenAI(base_url=f"{gateway}/v1", api_key="unused", model="maitred-sim-worker", max_tokens=32)
 
-    alice = create_agent(model(), [add, create_handoff_tool(agent_name="bob")], name="alice", middleware=[MaitredMiddleware()])
-    bob = create_agent(model(), [grep], name="bob", middleware=[MaitredMiddleware()])
+    alice = create_agent(model(), [add, create_handoff_tool(agent_name="bob")], name="alice", middleware=[MaitredMiddleware(record_model_calls=False)])
+    bob = create_agent(model(), [grep], name="bob", middleware=[MaitredMiddleware(record_model_calls=False)])
     app = create_swarm([alice, bob], default_active_agent="alice").compile()
     thread = f"swarm-{uuid.uuid4().hex[:8]}"
     result = app.invoke({"messages": [{"role": "user", "content": "add 2 and 3, then let bob find the total"}]},

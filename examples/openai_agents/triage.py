@@ -42,7 +42,7 @@ async def run(gateway: str) -> None:
                     model_settings=settings)
     triage = Agent(name="triage", instructions="Route the customer.", handoffs=[billing], model=model, model_settings=settings)
 
-    processor = MaitredTracingProcessor()
+    processor = MaitredTracingProcessor(record_model_calls=False)  # the gateway records the model calls
     set_trace_processors([processor])  # add_trace_processor(processor) keeps the vendor exporter too
     result = await Runner.run(triage, "Where is my order 17?", hooks=MaitredRunHooks(processor),
                               run_config=RunConfig(group_id=program, workflow_name="support"))

@@ -81,10 +81,13 @@ def _cached(usage: Any) -> int | None:
 
 
 class MaitredTracingProcessor(TracingProcessor):
-    """Agents SDK spans to maitred events; ``program_id`` names the program of ungrouped traces."""
+    """Agents SDK spans to maitred events; ``program_id`` names the program of ungrouped traces.
+    ``record_model_calls=False`` leaves the model calls to the maitred gateway when the model is
+    served through it (it records them itself)."""
 
-    def __init__(self, *, program_id: str | None = None) -> None:
+    def __init__(self, *, program_id: str | None = None, record_model_calls: bool = True) -> None:
         self.program_id = program_id
+        self.record_model_calls = record_model_calls
         self.hooks_attached = False
         self._lock = threading.Lock()
         self._programs: dict[str, str] = {}
@@ -121,7 +124,7 @@ class MaitredTracingProcessor(TracingProcessor):
             self._tools[span.span_id] = tool
             if not self.hooks_attached:
                 self._tool_started(tool, span.span_id)
-        elif isinstance(data, (GenerationSpanData, ResponseSpanData)):
+        elif isinstance(data, (GenerationSpanData, ResponseSpanData)) and self.record_model_calls:
             now = time.time()
             self._models[span.span_id] = now
             model = data.model if isinstance(data, GenerationSpanData) else None

@@ -140,3 +140,11 @@ def test_processor_with_hooks_still_records_a_run_that_passed_none(sink):
     assert maitred.flush(timeout=5)
     [start] = sink.of_type("tool.start")
     assert [e.call_id for e in sink.of_type("tool.end")] == [start.call_id]
+
+
+def test_model_calls_can_be_left_to_the_gateway(sink):
+    processor = MaitredTracingProcessor(record_model_calls=False)
+    run(agents_pair(), processor, hooks=MaitredRunHooks(processor))
+    assert maitred.flush(timeout=5)
+    assert sink.of_type("llm.start") == sink.of_type("llm.end") == []
+    assert [e.call_id for e in sink.of_type("tool.start")] == ["call_lookup_1"] and len(sink.of_type("handoff")) == 1

@@ -58,8 +58,8 @@ def test_langgraph_swarm_through_the_gateway_carries_the_program_id_on_every_req
         return ChatOpenAI(base_url=f"{c.url}/v1", api_key="unused", model="maitred-sim-worker", max_tokens=32,
                           http_client=client, max_retries=0)
 
-    alice = create_agent(model(), [add, create_handoff_tool(agent_name="bob")], name="alice", middleware=[MaitredMiddleware()])
-    bob = create_agent(model(), [grep], name="bob", middleware=[MaitredMiddleware()])
+    alice = create_agent(model(), [add, create_handoff_tool(agent_name="bob")], name="alice", middleware=[MaitredMiddleware(record_model_calls=False)])
+    bob = create_agent(model(), [grep], name="bob", middleware=[MaitredMiddleware(record_model_calls=False)])
     app = create_swarm([alice, bob], default_active_agent="alice").compile()
     result = app.invoke({"messages": [{"role": "user", "content": "add, then hand over to bob"}]},
                         {"configurable": {"thread_id": "swarm-gw"}})
@@ -74,11 +74,13 @@ def test_langgraph_swarm_through_the_gateway_carries_the_program_id_on_every_req
     info = c.program("swarm-gw")
     assert info is not None and info["worker"] in [w.url for w in c.workers]
     with SessionStore(c.db_url) as store:
-        timeline = until(lambda: (t := store.program("swarm-gw")) and len(t.handoffs) == 1 and t, what="the swarm in the store")
+        timeline = until(lambda: (t := store.program("swarm-gw")) and len(t.handoffs) == 1
+                         and len([s for s in t.spans if s.kind == "llm" and s.end]) == 4 and t, what="the swarm in the store")
     tools = {s.detail["call_id"]: (s.name, s.agent) for s in timeline.spans if s.kind == "tool"}
     assert sorted(tools.values()) == [("add", "alice"), ("grep", "bob"), ("transfer_to_bob", "alice")]
     assert all(call_id.startswith("call_") for call_id in tools)
     assert (timeline.handoffs[0]["from_agent"], timeline.handoffs[0]["to_agent"]) == ("alice", "bob")
+    assert len([s for s in timeline.spans if s.kind == "llm"]) == 4  # the gateway's, not counted twice
 
 
 def test_claude_code_http_hook_payloads_drive_the_runtime(cluster):
