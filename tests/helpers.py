@@ -103,3 +103,62 @@ def wait_until(condition: Callable[[], bool], timeout: float = 30.0, interval: f
             return False
         time.sleep(interval)
     return True
+
+
+class TcpProxy:
+    """A TCP forwarder on 127.0.0.1 in front of a real server, that a test can take down
+    (listener and every open connection closed: clients see a refused or reset connection)
+    and bring back on the same port — an outage of a real database, without touching it."""
+
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.port = free_port()
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._listener: socket.socket | None = None
+
+    def up(self) -> "TcpProxy":
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+        return self
+
+    def down(self) -> None:
+        with self._lock:
+            listener, self._listener = self._listener, None
+            sockets, self._sockets = self._sockets, []
+        for s in ([listener] if listener else []) + sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+                server = socket.create_connection(self.upstream)
+            except OSError:
+                return
+            with self._lock:
+                self._sockets += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass

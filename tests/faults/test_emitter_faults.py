@@ -24,12 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy.engine import make_url
 
 import maitred
 from maitred.events import Event, ToolStart
 from maitred.middleware import Emitter, EmitterSettings, StoreSink
 from maitred.storage import SessionStore
-from tests.helpers import free_port, wait_until
+from tests.helpers import TcpProxy, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 #: How long a child may take before the test calls it hung: a guard, not a speed requirement.
@@ -137,6 +138,40 @@ def test_configure_and_exit_wait_at_most_the_flush_timeout_on_a_hanging_port(kin
     assert not_delivered_at_shutdown(exited.stderr) == emitted
     record(f"{kind} sink, hanging port (configure, then exit)", emitted=figures["emitted"] + emitted, stored=0,
            dropped=figures["replaced"]["dropped"] + not_delivered_at_shutdown(exited.stderr))
+
+
+@pytest.mark.timeout(120)
+def test_postgresql_going_away_and_coming_back_loses_nothing(db_url, caplog):
+    """A real PostgreSQL behind a proxy that goes down (connections reset, port refused) and
+    comes back: everything emitted meanwhile is buffered, then stored; nothing is dropped."""
+    if not db_url.startswith("postgresql"):
+        pytest.skip("an outage of a database server; SQLite has none")
+    parsed = make_url(db_url)
+    proxy = TcpProxy(parsed.host or "127.0.0.1", parsed.port or 5432).up()
+    url = parsed.set(port=proxy.port).render_as_string(hide_password=False)
+    try:
+        maitred.configure(db_url=url, settings=EmitterSettings(interval_s=0.05, max_backoff_s=0.2))
+        with caplog.at_level(logging.WARNING, "maitred"):
+            emitted = _emit("p-before", 100)
+            assert maitred.flush(timeout=30) is True
+            proxy.down()
+            emitted += _emit("p-during", 100)
+            assert wait_until(lambda: maitred.stats()[0].last_error is not None)
+            assert maitred.flush(timeout=0.5) is False  # still queued, not dropped
+            proxy.up()
+            assert wait_until(lambda: maitred.stats()[0].queued == 0)
+            assert maitred.flush(timeout=30) is True
+        (stats,) = maitred.stats()
+        assert (stats.delivered, stats.dropped, stats.last_error) == (emitted, 0, None)
+        messages = [r.getMessage() for r in caplog.records]
+        assert sum(m.startswith("maitred: StoreSink unavailable") for m in messages) == 1
+        assert sum(m == "maitred: StoreSink reachable again" for m in messages) == 1
+    finally:
+        maitred.shutdown()
+        proxy.down()
+    stored = stored_tool_calls(db_url, "p-before")[0] + stored_tool_calls(db_url, "p-during")[0]
+    assert stored == emitted
+    record("PostgreSQL down, then back (proxy cut)", emitted=emitted, stored=stored, dropped=stats.dropped)
 
 
 # -- kill -9 mid-stream ----------------------------------------------------------------------------
