@@ -96,12 +96,12 @@ class Emitter:
         self._max_queue = self.settings.max_queue
         self._batch_size = self.settings.batch_size
         self._init_state()
+
+    def _init_state(self) -> None:
         self.delivered = 0
         self.dropped = 0
         self.rejected = 0
         self.last_error: str | None = None
-
-    def _init_state(self) -> None:
         self._queue: deque[Event] = deque()
         self._pending: list[Event] | None = None
         # One lock for everything but the hot path's append: batch pops, evictions, counters.
@@ -158,17 +158,20 @@ class Emitter:
         with self._cond:
             while len(self._queue) >= self._max_queue:
                 left = deadline - time.monotonic()
-                if self._closed or self._stalled or left <= 0:
-                    if not self._stalled and not self._closed:
-                        self._stalled = True
-                        log.warning(
-                            "maitred: %s took no events for %.0f s (%s); dropping instead of blocking until it delivers again",
-                            self.name, self.settings.block_timeout_s, self.last_error or "sink slow or hung",
-                        )
+                if self._closed or self._stalled:
                     return False
+                if left <= 0:
+                    self._stalled = True
+                    break
                 self._wake.set()
                 self._cond.wait(left)
-        return True
+            else:
+                return True
+        log.warning(
+            "maitred: %s took no events for %.0f s (%s); dropping instead of blocking until it delivers again",
+            self.name, self.settings.block_timeout_s, self.last_error or "sink slow or hung",
+        )
+        return False
 
     def _start(self) -> None:
         with self._cond:
@@ -348,5 +351,6 @@ class Emitter:
         return EmitterStats(self.name, queued, self.delivered, self.dropped, self.last_error, self.rejected)
 
     def after_fork(self) -> None:
-        """In a forked child the thread is gone and the parent owns what was queued."""
+        """In a forked child the thread is gone and the parent owns what was queued (and its
+        counters): the child starts empty."""
         self._init_state()
