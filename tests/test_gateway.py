@@ -405,3 +405,32 @@ async def test_a_demoted_program_about_to_return_is_warmed_with_a_prefill_only_r
         for pid in down:
             await step(client, pid)
             assert (await client.get(f"/v1/programs/{pid}")).json()["last_cached_tokens"] >= 6_000
+
+
+async def test_tool_statistics_are_seeded_from_the_store_at_start(cluster, db_url):
+    from maitred.events import ToolEnd, ToolStart
+    with SessionStore(db_url) as store:
+        now = time.time() - 100
+        store.write([e for i in range(8) for e in (
+            ToolStart(ts=now + i, program_id="old", call_id=f"c{i}", tool="pytest"),
+            ToolEnd(ts=now + i + 2.0, program_id="old", call_id=f"c{i}", duration_s=2.0))])
+    c = cluster(workers=1, db_url=db_url)
+    async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
+        rows = {r["tool"]: r for r in (await client.get("/v1/stats/tools")).json()["tools"] if not r.get("signature")}
+        assert rows["pytest"]["n"] == 8 and rows["pytest"]["mean_s"] == pytest.approx(2.0)
+        await client.post("/v1/events", json=[event("tool.start", "new", call_id="c", tool="pytest")])
+        info = (await client.get("/v1/programs/new")).json()
+        assert info["readiness_source"] == "tool" and info["predicted_tool_end"] == pytest.approx(time.time() + 2.0, abs=1.0)
+
+
+async def test_priorities_are_sent_and_only_ever_rise_for_a_cached_prefix(cluster):
+    c = cluster(workers=1, runtime=replace(FAST, priority=True, priority_epoch_s=0.3))
+    history = [{"role": "user", "content": "tok " * 300}]
+    seen = []
+    async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
+        for _ in range(4):
+            r = await client.post("/v1/chat/completions", json=chat("pp", history))
+            assert r.status_code == 200
+            seen.append((await client.get("/v1/programs/pp")).json()["priority"])
+            await asyncio.sleep(0.35)
+    assert all(isinstance(p, int) for p in seen) and seen == sorted(seen) and seen[-1] > seen[0]
