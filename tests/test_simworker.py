@@ -295,6 +295,22 @@ def test_streaming_completions_and_generate(worker: SimWorkerThread) -> None:
     assert all(g["meta_info"]["finish_reason"] is None for g in generate[:-2])
 
 
+def test_a_stream_the_client_drops_is_aborted() -> None:
+    """SGLang aborts a request whose client disconnects; so does the double (this one would
+    otherwise decode for minutes)."""
+    with SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=50_000, time_scale=1.0)) as w:
+        with httpx.Client() as client, client.stream("POST", w.url + "/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "go"}], "max_tokens": 20_000, "stream": True}) as response:
+            lines = response.iter_lines()  # kept: a dropped iterator closes the connection when collected
+            next(lines)
+            assert parse_loads(httpx.get(w.url + "/v1/loads").json()).running == 1
+        deadline = time.monotonic() + 30
+        while parse_loads(httpx.get(w.url + "/v1/loads").json()).running:
+            assert time.monotonic() < deadline, "the dropped stream kept running"
+            time.sleep(0.05)
+        assert _chat(httpx.Client(), w.url, [{"role": "user", "content": "next"}], max_tokens=3)["usage"]["completion_tokens"] == 3
+
+
 def test_streamed_tool_calls_arrive_whole(worker: SimWorkerThread) -> None:
     with httpx.Client() as client:
         events = _sse(client, worker.url + "/v1/chat/completions",

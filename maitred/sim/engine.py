@@ -365,12 +365,29 @@ class Worker:
         """The real request overtook its warmup: keep what was computed, drop the rest."""
         for r in list(self.running):
             if r.program_id == pid and r.background is not None and r.prefill_left > 0:
-                self.running.remove(r)
-                self.prefixes[r.agent].users -= 1
-                seg = self.segments[pid]
-                undone = min(r.prefill_left, seg.gpu)
-                seg.gpu -= undone
-                self.gpu_used -= undone
+                self._drop_running(r)
+
+    def abort(self, req: Request) -> bool:
+        """The client gave up on ``req`` (SGLang aborts a request whose client disconnects): out of
+        the queue, or out of the batch keeping the KV computed so far. False if it had finished."""
+        queued = next((i for i, r in enumerate(self.queue) if r is req), None)
+        if queued is not None:
+            del self.queue[queued]
+        elif any(r is req for r in self.running):
+            self._drop_running(req)
+            self._start_queued()
+        else:
+            return False
+        req.done_at = self.t
+        return True
+
+    def _drop_running(self, r: Request) -> None:
+        del self.running[next(i for i, x in enumerate(self.running) if x is r)]
+        self.prefixes[r.agent].users -= 1
+        seg = self.segments[r.program_id]
+        undone = min(r.prefill_left + r.decode_left, seg.gpu)
+        seg.gpu -= undone
+        self.gpu_used -= undone
 
     def queued_foreground(self) -> int:
         return sum(1 for r in self.queue if r.background is None) + sum(

@@ -11,7 +11,7 @@ completion responses, ``UsageInfo`` with ``prompt_tokens_details.cached_tokens``
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -136,20 +136,25 @@ def _sse(payload: Any) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-async def _progress(ticket: Ticket) -> AsyncIterator[int]:
+async def _progress(engine: RealtimeEngine, ticket: Ticket) -> AsyncIterator[int]:
     """Yields the number of output tokens generated so far each time it grows (once, at the end,
-    for a request with no output), until the request is done."""
+    for a request with no output), until the request is done. A stream closed early (the client
+    disconnected) aborts the request."""
     sent = 0
-    while True:
-        ticket.changed.clear()  # before reading: a change while the consumer holds a value is not lost
-        done = ticket.done.is_set()
-        generated = ticket.generated
-        if generated > sent or (done and sent == 0):
-            sent = generated
-            yield sent
-        if done:
-            return
-        await ticket.changed.wait()
+    try:
+        while True:
+            ticket.changed.clear()  # before reading: a change while the consumer holds a value is not lost
+            done = ticket.done.is_set()
+            generated = ticket.generated
+            if generated > sent or (done and sent == 0):
+                sent = generated
+                yield sent
+            if done:
+                return
+            await ticket.changed.wait()
+    finally:
+        if not ticket.done.is_set():
+            engine.abort(ticket)
 
 
 def _words_until(reply: Reply, generated: int) -> list[str]:
@@ -231,8 +236,9 @@ def build_app(config: SimWorkerConfig) -> FastAPI:
             return _json(out(len(reply.output_ids), True))
 
         async def events() -> AsyncIterator[bytes]:
-            async for generated in _progress(ticket):
-                yield _sse(out(generated, ticket.done.is_set() and generated == len(reply.output_ids)))
+            async with aclosing(_progress(sim.engine, ticket)) as progress:
+                async for generated in progress:
+                    yield _sse(out(generated, ticket.done.is_set() and generated == len(reply.output_ids)))
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
@@ -266,14 +272,15 @@ def build_app(config: SimWorkerConfig) -> FastAPI:
 
         async def events() -> AsyncIterator[bytes]:
             sent = 0
-            async for generated in _progress(ticket):
-                new = _words_until(reply, generated)[sent:]
-                sent += len(new)
-                done = ticket.done.is_set()
-                if new or done:
-                    yield _sse({"id": cid, "object": "text_completion", "created": created, "model": name,
-                                "choices": [{"index": 0, "text": "".join(" " + w for w in new), "logprobs": None,
-                                             "finish_reason": reply.finish_reason if done else None, "matched_stop": None}]})
+            async with aclosing(_progress(sim.engine, ticket)) as progress:
+                async for generated in progress:
+                    new = _words_until(reply, generated)[sent:]
+                    sent += len(new)
+                    done = ticket.done.is_set()
+                    if new or done:
+                        yield _sse({"id": cid, "object": "text_completion", "created": created, "model": name,
+                                    "choices": [{"index": 0, "text": "".join(" " + w for w in new), "logprobs": None,
+                                                 "finish_reason": reply.finish_reason if done else None, "matched_stop": None}]})
             if _include_usage(body):
                 yield _sse({"id": cid, "object": "text_completion", "created": created, "model": name, "choices": [],
                             "usage": _usage(ticket)})
@@ -314,11 +321,12 @@ def build_app(config: SimWorkerConfig) -> FastAPI:
         async def events() -> AsyncIterator[bytes]:
             yield chunk({"role": "assistant", "content": ""}, None)
             sent = 0
-            async for generated in _progress(ticket):
-                new = _words_until(reply, generated)[sent:]
-                if new:
-                    yield chunk({"content": ("" if sent == 0 else " ") + " ".join(new)}, None)
-                    sent += len(new)
+            async with aclosing(_progress(sim.engine, ticket)) as progress:
+                async for generated in progress:
+                    new = _words_until(reply, generated)[sent:]
+                    if new:
+                        yield chunk({"content": ("" if sent == 0 else " ") + " ".join(new)}, None)
+                        sent += len(new)
             if reply.tool_calls:
                 yield chunk({"tool_calls": reply.tool_calls}, None)
             yield chunk({}, reply.finish_reason)

@@ -187,6 +187,12 @@ class RealtimeEngine:
         self._wake.set()
         return ticket
 
+    def abort(self, ticket: Ticket) -> None:
+        """The client went away before the end: drop the request as SGLang does."""
+        if self._tickets.pop(id(ticket.request), None) is not None and self.worker.abort(ticket.request):
+            ticket.done.set()
+            self._wake.set()
+
     def _dispatch(self, finished: list[Request]) -> None:
         for ticket in self._tickets.values():
             r = ticket.request
