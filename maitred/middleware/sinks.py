@@ -96,10 +96,14 @@ class StoreSink:
             try:
                 self._store = SessionStore(self.db_url, connect_timeout_s=self.connect_timeout_s)
             except (DatabaseTooNew, DatabaseCorrupt) as exc:
-                self._unusable = str(exc)
-                log.error("maitred: %s", exc)
-                raise PermanentSinkError(self._unusable) from None
+                raise self._unusable_now(exc) from None
         return self._store
+
+    def _unusable_now(self, exc: Exception) -> PermanentSinkError:
+        """Said once at ERROR; from now on every batch is refused without touching the database."""
+        self._unusable = str(exc)
+        log.error("maitred: %s", exc)
+        return PermanentSinkError(self._unusable)
 
     def send(self, events: Sequence[Event]) -> int:
         from maitred.storage import DatabaseCorrupt
@@ -109,9 +113,7 @@ class StoreSink:
         try:
             result = store.write(valid)
         except DatabaseCorrupt as exc:
-            self._unusable = str(exc)
-            log.error("maitred: %s", exc)
-            raise PermanentSinkError(self._unusable) from None
+            raise self._unusable_now(exc) from None
         for rejected in result.rejected:
             self._refusals.warning("maitred: the store refused a %s event: %s", rejected.type, rejected.reason)
         return len(events) - len(valid) + len(result.rejected)
