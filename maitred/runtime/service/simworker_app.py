@@ -10,7 +10,7 @@ completion responses, ``UsageInfo`` with ``prompt_tokens_details.cached_tokens``
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing, asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -136,7 +136,7 @@ def _sse(payload: Any) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-async def _progress(engine: RealtimeEngine, ticket: Ticket) -> AsyncIterator[int]:
+async def _progress(engine: RealtimeEngine, ticket: Ticket) -> AsyncGenerator[int, None]:
     """Yields the number of output tokens generated so far each time it grows (once, at the end,
     for a request with no output), until the request is done. A stream closed early (the client
     disconnected) aborts the request."""
