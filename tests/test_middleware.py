@@ -386,3 +386,18 @@ def test_events_the_database_refuses_are_isolated_and_counted(db_url, caplog):
     assert "the store refused a tool.start event" in caplog.text
     with SessionStore(db_url) as store:
         assert store.tool_stats("fine").n == 2
+
+
+def test_a_file_that_is_not_a_database_is_reported_once_and_never_retried(tmp_path, caplog):
+    path = tmp_path / "garbage.db"
+    path.write_bytes(b"this is not an SQLite database, just a file someone pointed us at" * 100)
+    maitred.configure(db_url=f"sqlite:///{path}", settings=EmitterSettings(interval_s=0.05))
+    with caplog.at_level(logging.WARNING, "maitred"):
+        for _ in range(2):
+            maitred.tool(lambda: 1)()
+            assert maitred.flush(timeout=10) is False
+    (stats,) = maitred.stats()
+    assert (stats.dropped, stats.delivered) == (4, 0)
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "database is corrupt" in errors[0] and str(path) in errors[0]
+    assert path.read_bytes().startswith(b"this is not an SQLite database")  # never written to
