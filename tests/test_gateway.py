@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from maitred.runtime.service.app import Gateway, ServeConfig, build_app
-from maitred.runtime.service.background import BackgroundServer
+from maitred.runtime.service.background import BackgroundServer, free_port
 from maitred.runtime.service.gateway import ProxyConfig
 from maitred.runtime.service.guard import HTTPProblem
 from maitred.runtime.service.loop import RuntimeConfig
@@ -416,7 +416,10 @@ async def test_tool_statistics_are_seeded_from_the_store_at_start(cluster, db_ur
             ToolEnd(ts=now + i + 2.0, program_id="old", call_id=f"c{i}", duration_s=2.0))])
     c = cluster(workers=1, db_url=db_url)
     async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
-        rows = {r["tool"]: r for r in (await client.get("/v1/stats/tools")).json()["tools"] if not r.get("signature")}
+        async def seeded() -> dict[str, Any]:  # the store is opened off the event loop, then seeds
+            tools = (await client.get("/v1/stats/tools")).json()["tools"]
+            return {r["tool"]: r for r in tools if not r.get("signature") and r["n"]}
+        rows = await until(seeded)
         assert rows["pytest"]["n"] == 8 and rows["pytest"]["mean_s"] == pytest.approx(2.0)
         await client.post("/v1/events", json=[event("tool.start", "new", call_id="c", tool="pytest")])
         info = (await client.get("/v1/programs/new")).json()
@@ -434,3 +437,26 @@ async def test_priorities_are_sent_and_only_ever_rise_for_a_cached_prefix(cluste
             seen.append((await client.get("/v1/programs/pp")).json()["priority"])
             await asyncio.sleep(0.35)
     assert all(isinstance(p, int) for p in seen) and seen == sorted(seen) and seen[-1] > seen[0]
+
+
+@pytest.mark.parametrize("store", ["down", "corrupt"])
+async def test_a_store_that_is_down_or_unusable_never_stops_serving(cluster, tmp_path, store):
+    if store == "down":
+        url = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/nothing?connect_timeout=1"
+    else:
+        path = tmp_path / "not-a-database.db"
+        path.write_bytes(b"this is not SQLite" * 100)
+        url = f"sqlite:///{path}"
+    c = cluster(workers=1, db_url=url)
+    async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
+        for step in range(3):
+            r = await client.post("/v1/chat/completions", json=chat("p", [{"role": "user", "content": f"step {step}"}]))
+            assert r.status_code == 200
+        r = await client.post("/v1/events", json=[event("tool.start", "p", call_id="c", tool="grep")])
+        assert r.status_code == 200 and r.json()["accepted"] == 1
+        assert (await client.get("/v1/programs/p")).json()["phase"] == "acting"
+        assert (await client.get("/healthz")).json()["status"] == "ok"
+        if store == "corrupt":
+            async def dropped() -> float:
+                return c.metric((await client.get("/metrics")).text, "maitred_dropped_events_total")
+            assert await until(dropped) >= 1

@@ -67,10 +67,16 @@ def build_app(cfg: ServeConfig, *, hook_mapper: tuple[HookMapper | None, type[Ex
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = None
         if cfg.db_url is not None:
-            store = await asyncio.to_thread(_open_store, cfg.db_url, runtime)
-            runtime.writer = StoreWriter(store, on_drop=lambda reason, n: runtime.metrics.dropped_events.labels(reason).inc(n))
+            loop = asyncio.get_running_loop()
+            url = cfg.db_url
+
+            def seed(store: "SessionStore") -> None:  # in the writer thread; the state is the loop's
+                rows, signatures = store.tool_stats_all(), store.tool_stats_all(by_signature=True)
+                loop.call_soon_threadsafe(runtime.seed, rows, signatures)
+
+            runtime.writer = StoreWriter(lambda: _open_store(url), on_open=seed,
+                                         on_drop=lambda reason, n: runtime.metrics.dropped_events.labels(reason).inc(n))
         gateway.loop = asyncio.get_running_loop()
         await proxy.start()
         await runtime.start(wait_for_workers_s=cfg.wait_for_workers_s)
@@ -86,8 +92,6 @@ def build_app(cfg: ServeConfig, *, hook_mapper: tuple[HookMapper | None, type[Ex
             await client.aclose()
             if runtime.writer is not None:
                 await asyncio.to_thread(runtime.writer.close)
-            if store is not None:
-                store.close()
             if on_shutdown is not None:
                 await asyncio.to_thread(on_shutdown)
 
@@ -99,9 +103,7 @@ def build_app(cfg: ServeConfig, *, hook_mapper: tuple[HookMapper | None, type[Ex
     return gateway
 
 
-def _open_store(url: str, runtime: Runtime) -> "SessionStore":
+def _open_store(url: str) -> "SessionStore":
     from maitred.storage import SessionStore
 
-    store = SessionStore(url)
-    runtime.seed(store.tool_stats_all(), store.tool_stats_all(by_signature=True))
-    return store
+    return SessionStore(url)
