@@ -1,0 +1,309 @@
+"""The generation endpoints of the simulated SGLang worker: ``/generate``, ``/v1/completions``
+and ``/v1/chat/completions``, streaming (SSE) or not.
+
+Shapes follow SGLang 0.5.23: ``entrypoints/http_server.py`` (``/generate``: ``text``,
+``output_ids``, ``meta_info`` with ``cached_tokens`` and ``cached_tokens_details``; streamed
+chunks carry the whole text so far, SGLang's default) and ``entrypoints/openai/protocol.py``
+(chat and completion responses and chunks, ``UsageInfo`` with
+``prompt_tokens_details.cached_tokens`` as under ``--enable-cache-report``, ``ErrorResponse``).
+Bad input gets 400 with SGLang's error body for that endpoint and a message that starts with the
+field's name; nothing reaches the engine until the whole request has been read.
+"""
+
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from maitred.runtime.service.simworker_engine import RealtimeEngine, Ticket
+from maitred.runtime.service.simworker_replies import Reply, chat_reply, text_reply
+from maitred.runtime.service.simworker_tokens import Prompt, PromptError, render_chat, render_ids, render_text
+
+if TYPE_CHECKING:
+    from maitred.runtime.service.simworker_app import SimWorker
+
+DEFAULT_COMPLETION_TOKENS = 16     # SGLang's CompletionRequest.max_tokens default
+DEFAULT_GENERATE_TOKENS = 128      # SGLang's SamplingParams.max_new_tokens default
+DONE = b"data: [DONE]\n\n"
+
+
+def json_response(payload: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(payload), status, media_type="application/json")
+
+
+class BadRequest(ValueError):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+    @classmethod
+    def of(cls, exc: Exception) -> "BadRequest":
+        return exc if isinstance(exc, BadRequest) else cls(str(exc), str(exc).split(":")[0])
+
+
+def openai_error(exc: BadRequest) -> Response:
+    return json_response({"object": "error", "message": str(exc), "type": "BadRequest", "param": exc.param, "code": 400}, 400)
+
+
+def _generate_error(exc: BadRequest) -> Response:
+    return json_response({"error": {"message": str(exc), "type": "invalid_request_error", "param": exc.param, "code": 400}}, 400)
+
+
+async def _json_object(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"body: not valid JSON ({exc})", "body") from None
+    if not isinstance(body, dict):
+        raise BadRequest("body: expected a JSON object", "body")
+    return body
+
+
+def _int_field(body: Mapping[str, Any], name: str, minimum: int, default: int | None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise BadRequest(f"{name}: expected an integer >= {minimum}, got {value!r}", name)
+    return value
+
+
+def _priority(body: Mapping[str, Any]) -> int | None:
+    value = body.get("priority")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise BadRequest(f"priority: expected an integer, got {value!r}", "priority")
+    return value
+
+
+def _check_single(body: Mapping[str, Any]) -> None:
+    n = body.get("n", 1)
+    if n != 1:
+        raise BadRequest(f"n: the simulated worker answers one choice per request, got {n!r}", "n")
+
+
+def _check_fits(sim: "SimWorker", prompt: Prompt, output: int, field: str) -> None:
+    limit = sim.max_input + 1
+    if len(prompt.ids) + output > limit:
+        raise BadRequest(f"{field}: {len(prompt.ids)} prompt tokens plus {output} to generate exceed this worker's "
+                         f"{limit}-token limit (--gpu-tokens)", field)
+
+
+def _stream_flag(body: Mapping[str, Any]) -> bool:
+    """``stream``, after checking the fields every generation endpoint shares."""
+    _priority(body)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest(f"stream: expected true or false, got {stream!r}", "stream")
+    return stream
+
+
+def _include_usage(body: Mapping[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, Mapping) and bool(options.get("include_usage"))
+
+
+def _parse_generate(sim: "SimWorker", body: dict[str, Any]) -> tuple[Prompt, Reply, bool]:
+    if body.get("input_ids") is not None:
+        prompt = render_ids(body["input_ids"])
+    elif body.get("text") is not None:
+        prompt = render_text(body["text"], "text")
+    else:
+        raise BadRequest("text: give text or input_ids", "text")
+    params = body.get("sampling_params") or {}
+    if not isinstance(params, dict):
+        raise BadRequest("sampling_params: expected an object", "sampling_params")
+    try:
+        max_new = _int_field(params, "max_new_tokens", 0, DEFAULT_GENERATE_TOKENS)
+    except BadRequest as exc:
+        raise BadRequest(f"sampling_params.{exc}", "sampling_params.max_new_tokens") from None
+    assert max_new is not None
+    _check_fits(sim, prompt, max_new, "sampling_params.max_new_tokens")
+    return prompt, text_reply(prompt, max_new), _stream_flag(body)
+
+
+def _usage(ticket: Ticket) -> dict[str, Any]:
+    r = ticket.request
+    return {"prompt_tokens": r.context, "total_tokens": r.context + r.output, "completion_tokens": r.output,
+            "prompt_tokens_details": {"cached_tokens": r.hit_tokens}, "reasoning_tokens": 0}
+
+
+def _meta_info(rid: str, ticket: Ticket, finish: dict[str, Any] | None) -> dict[str, Any]:
+    r = ticket.request
+    meta: dict[str, Any] = {"id": rid, "finish_reason": finish, "prompt_tokens": r.context, "weight_version": "default",
+                            "num_retractions": 0, "reasoning_tokens": 0, "completion_tokens": ticket.generated,
+                            "cached_tokens": r.hit_tokens}
+    if r.hit_tokens:
+        meta["cached_tokens_details"] = {"device": r.hit_tokens - r.host_hit_tokens, "host": r.host_hit_tokens}
+    if finish is not None and r.done_at is not None:
+        meta["e2e_latency"] = (r.done_at - r.arrival) / ticket.time_scale
+    return meta
+
+
+def _sse(payload: Any) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+async def _progress(engine: RealtimeEngine, ticket: Ticket) -> AsyncGenerator[int, None]:
+    """Yields the number of output tokens generated so far each time it grows (once, at the end,
+    for a request with no output), until the request is done. A stream closed early (the client
+    disconnected) aborts the request."""
+    sent = 0
+    try:
+        while True:
+            ticket.changed.clear()  # before reading: a change while the consumer holds a value is not lost
+            done = ticket.done.is_set()
+            generated = ticket.generated
+            if generated > sent or (done and sent == 0):
+                sent = generated
+                yield sent
+            if done:
+                return
+            await ticket.changed.wait()
+    finally:
+        if not ticket.done.is_set():
+            engine.abort(ticket)
+
+
+def _words_until(reply: Reply, generated: int) -> list[str]:
+    return reply.words[:min(generated, len(reply.words))]
+
+
+def _submit(sim: "SimWorker", prompt: Prompt, reply: Reply, body: Mapping[str, Any], stream: bool) -> Ticket:
+    """Queue a parsed request (its ``priority`` was checked while parsing)."""
+    return sim.engine.submit(prompt, reply.output_ids, priority=body.get("priority"), stream=stream)
+
+
+# -- /generate -------------------------------------------------------------------------------
+
+async def generate(request: Request) -> Response:
+    sim: SimWorker = request.app.state.sim
+    try:
+        body = await _json_object(request)
+        prompt, reply, stream = _parse_generate(sim, body)
+    except (BadRequest, PromptError) as exc:
+        return _generate_error(BadRequest.of(exc))
+    ticket = _submit(sim, prompt, reply, body, stream)
+    rid = body["rid"] if isinstance(body.get("rid"), str) else uuid.uuid4().hex
+
+    def out(generated: int, final: bool) -> dict[str, Any]:
+        text_words = _words_until(reply, generated)
+        finish = {"type": "length", "length": len(reply.output_ids)} if final else None
+        return {"text": (" " + " ".join(text_words)) if text_words else "", "output_ids": reply.output_ids[:generated],
+                "meta_info": _meta_info(rid, ticket, finish)}
+
+    if not stream:
+        await ticket.done.wait()
+        return json_response(out(len(reply.output_ids), True))
+
+    async def events() -> AsyncIterator[bytes]:
+        async with aclosing(_progress(sim.engine, ticket)) as progress:
+            async for generated in progress:
+                yield _sse(out(generated, ticket.done.is_set() and generated == len(reply.output_ids)))
+        yield DONE
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+# -- /v1/completions -------------------------------------------------------------------------
+
+def _parse_completion(sim: "SimWorker", body: dict[str, Any]) -> tuple[Prompt, Reply, bool]:
+    _check_single(body)
+    field = body.get("prompt")
+    if isinstance(field, list) and field and all(isinstance(i, int) for i in field):
+        prompt = render_ids(field, "prompt")
+    else:
+        prompt = render_text(field, "prompt")
+    max_tokens = _int_field(body, "max_tokens", 1, DEFAULT_COMPLETION_TOKENS) or DEFAULT_COMPLETION_TOKENS
+    _check_fits(sim, prompt, max_tokens, "max_tokens")
+    return prompt, text_reply(prompt, max_tokens), _stream_flag(body)
+
+
+async def completions(request: Request) -> Response:
+    sim: SimWorker = request.app.state.sim
+    try:
+        body = await _json_object(request)
+        prompt, reply, stream = _parse_completion(sim, body)
+    except (BadRequest, PromptError) as exc:
+        return openai_error(BadRequest.of(exc))
+    ticket = _submit(sim, prompt, reply, body, stream)
+    head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": sim.config.served_model_name}
+    if not stream:
+        await ticket.done.wait()
+        choice = {"index": 0, "text": " " + reply.text, "logprobs": None, "finish_reason": reply.finish_reason, "matched_stop": None}
+        return json_response({**head, "choices": [choice], "usage": _usage(ticket)})
+
+    async def events() -> AsyncIterator[bytes]:
+        sent = 0
+        async with aclosing(_progress(sim.engine, ticket)) as progress:
+            async for generated in progress:
+                new = _words_until(reply, generated)[sent:]
+                sent += len(new)
+                done = ticket.done.is_set()
+                if new or done:
+                    yield _sse({**head, "choices": [{"index": 0, "text": "".join(" " + w for w in new), "logprobs": None,
+                                                      "finish_reason": reply.finish_reason if done else None, "matched_stop": None}]})
+        if _include_usage(body):
+            yield _sse({**head, "choices": [], "usage": _usage(ticket)})
+        yield DONE
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+# -- /v1/chat/completions --------------------------------------------------------------------
+
+def _parse_chat(sim: "SimWorker", body: dict[str, Any]) -> tuple[Prompt, Reply, bool]:
+    _check_single(body)
+    prompt = render_chat(body.get("messages"), body.get("tools"))
+    max_tokens = _int_field(body, "max_completion_tokens", 1, None) or _int_field(body, "max_tokens", 1, None)
+    reply = chat_reply(body, prompt, max_tokens, script_tools=sim.config.script_tools, script_steps=sim.config.script_steps)
+    _check_fits(sim, prompt, len(reply.output_ids), "messages")
+    return prompt, reply, _stream_flag(body)
+
+
+async def chat(request: Request) -> Response:
+    sim: SimWorker = request.app.state.sim
+    try:
+        body = await _json_object(request)
+        prompt, reply, stream = _parse_chat(sim, body)
+    except (BadRequest, PromptError) as exc:
+        return openai_error(BadRequest.of(exc))
+    ticket = _submit(sim, prompt, reply, body, stream)
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": sim.config.served_model_name}
+    if not stream:
+        await ticket.done.wait()
+        message: dict[str, Any] = {"role": "assistant", "content": None if reply.tool_calls else reply.text, "reasoning_content": None}
+        if reply.tool_calls:
+            message["tool_calls"] = reply.tool_calls
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reply.finish_reason, "matched_stop": None}
+        return json_response({**head, "object": "chat.completion", "choices": [choice], "usage": _usage(ticket),
+                              "metadata": {"weight_version": "default"}})
+    return StreamingResponse(_chat_events(sim.engine, ticket, reply, body, head), media_type="text/event-stream")
+
+
+async def _chat_events(engine: RealtimeEngine, ticket: Ticket, reply: Reply, body: Mapping[str, Any],
+                       head: dict[str, Any]) -> AsyncIterator[bytes]:
+    def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
+        return _sse({**head, "object": "chat.completion.chunk",
+                     "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "matched_stop": None}]})
+
+    yield chunk({"role": "assistant", "content": ""}, None)
+    sent = 0
+    async with aclosing(_progress(engine, ticket)) as progress:
+        async for generated in progress:
+            new = _words_until(reply, generated)[sent:]
+            if new:
+                yield chunk({"content": ("" if sent == 0 else " ") + " ".join(new)}, None)
+                sent += len(new)
+    if reply.tool_calls:
+        yield chunk({"tool_calls": reply.tool_calls}, None)
+    yield chunk({}, reply.finish_reason)
+    if _include_usage(body):
+        yield _sse({**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage(ticket)})
+    yield DONE
