@@ -32,6 +32,8 @@ from maitred.storage.queries import ALL_TOOLS, parse_since
 console = Console()
 #: At most this many skipped trace records are listed one per line; the rest are counted.
 SKIPPED_SHOWN = 20
+#: Upper bounds that turn a typo into an error instead of an hour-long run or a database overflow.
+MAX_LIMIT, MAX_CONCURRENCY, MAX_WORKERS, MAX_DEMO_PROGRAMS = 10**9, 100_000, 1024, 1000
 
 
 class CliError(Exception):
@@ -98,7 +100,8 @@ def _db_url(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _csv(kind: Callable[[str], Any], allowed: Sequence[str] | None = None) -> Callable[[str], tuple]:
+def _csv(kind: Callable[[str], Any], allowed: Sequence[str] | None = None, maximum: float | None = None,
+         ) -> Callable[[str], tuple]:
     """A comma-separated flag value (argparse names the flag in its error)."""
     def parse(text: str) -> tuple:
         items = [t.strip() for t in text.split(",") if t.strip()]
@@ -114,6 +117,8 @@ def _csv(kind: Callable[[str], Any], allowed: Sequence[str] | None = None) -> Ca
                 raise argparse.ArgumentTypeError(f"unknown {', '.join(map(str, unknown))}; choose from {', '.join(allowed)}")
         if kind is int and min(values) <= 0:
             raise argparse.ArgumentTypeError("values must be positive")
+        if maximum is not None and max(values) > maximum:
+            raise argparse.ArgumentTypeError(f"values must be at most {maximum:,}")
         if kind is float and not all(math.isfinite(v) and v >= 0 for v in values):
             raise argparse.ArgumentTypeError("values must be finite and non-negative")
         return values
@@ -327,8 +332,12 @@ def cmd_bench_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from maitred.sim.calibrate import calibrate
+    from maitred.sim.calibrate import calibrate, resolve_device
 
+    try:
+        resolve_device(args.device)
+    except ValueError as exc:
+        raise UsageError(f"--device {exc}") from None
     out = Path(args.out)
     _writable_folder("--out", out.parent)
     profile = calibrate(args.device, progress=lambda stage: console.print(f"measuring {stage} ..."))
@@ -344,8 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def db_flag(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--db", type=_db_url, default=default_db_url(),
-                       help="database URL or SQLite file path (default: $MAITRED_DB or sqlite:///maitred.db)")
+        p.add_argument("--db", type=_db_url, help="database URL or SQLite file path (default: $MAITRED_DB or maitred.db)")
 
     def add(name: str, fn: Callable[[argparse.Namespace], int], help: str, parent: Any = sub) -> argparse.ArgumentParser:
         p = parent.add_parser(name, help=help, description=help)
@@ -365,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("programs", cmd_programs, "recorded programs, newest first")
     db_flag(p)
     p.add_argument("--since", type=_since, help=since_help)
-    p.add_argument("--limit", type=_whole(1), default=100, help="at most this many programs (default: 100)")
+    p.add_argument("--limit", type=_whole(1, MAX_LIMIT), default=100, help="at most this many programs (default: 100)")
     p.add_argument("--json", action="store_true")
 
     p = add("timeline", cmd_timeline, "one program's busy/idle phases")
@@ -383,18 +391,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--since", type=_since, help=since_help)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="what", required=True, metavar="WHAT")
-    from maitred.sim.replay import SIM_POLICIES
+    from maitred.sim.replay import SIM_POLICIES, UNLIMITED_TOKENS
 
     p = add("replay", cmd_bench_replay, "replay a trace against every policy on simulated workers", bench)
     p.add_argument("--trace", required=True, help="SWE-agent folder, TraceLab or maitred JSONL, or synthetic:claude-code[?options]")
     p.add_argument("--policy", type=_csv(str, list(SIM_POLICIES)), default=tuple(SIM_POLICIES),
                    help=f"comma-separated (default: all of {','.join(SIM_POLICIES)})")
-    p.add_argument("--concurrency", type=_csv(int), default=(20, 50, 80))
+    p.add_argument("--concurrency", type=_csv(int, maximum=MAX_CONCURRENCY), default=(20, 50, 80),
+                   help="concurrent programs per run, comma-separated")
     p.add_argument("--cpu-ratio", type=_csv(float), default=(1.0, 2.0), help="host KV memory as a multiple of GPU KV memory")
     p.add_argument("--duration", type=_positive_seconds, default=3600.0, help="simulated seconds per run")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=_whole(1), default=1, help="simulated GPU workers (data-parallel ranks)")
-    p.add_argument("--gpu-tokens", type=_whole(1), help="GPU KV capacity per worker (default: the profile's)")
+    p.add_argument("--workers", type=_whole(1, MAX_WORKERS), default=1, help="simulated GPU workers (data-parallel ranks)")
+    p.add_argument("--gpu-tokens", type=_whole(1, UNLIMITED_TOKENS), help="GPU KV capacity per worker (default: the profile's)")
     p.add_argument("--profile", help="engine profile JSON (maitred calibrate writes one)")
     p.add_argument("--jobs", type=_whole(1), help="processes (default: all cores)")
     p.add_argument("--out", required=True, help="folder for results.json, report.md and the PNG plots")
@@ -405,14 +414,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("demo", cmd_demo, "run an instrumented multi-agent workload into SQLite and show its statistics")
     p.add_argument("--db-file", default="maitred-demo.db", help="SQLite file to (re)create; only ever replaces an earlier demo's")
-    p.add_argument("--programs", type=_whole(1, 1000), default=6)
+    p.add_argument("--programs", type=_whole(1, MAX_DEMO_PROGRAMS), default=6, help="agent programs (threads) to run")
     p.add_argument("--seed", type=int, default=0)
     return parser
+
+
+def _default_db() -> str:
+    """``$MAITRED_DB`` or ``maitred.db``, checked here so a bad variable is named as such."""
+    try:
+        return normalize_db_url(default_db_url())
+    except StoreError as exc:
+        raise UsageError(f"$MAITRED_DB: {exc}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if "db" in vars(args) and args.db is None:
+            args.db = _default_db()
         return int(args.func(args))
     except UsageError as exc:
         _stderr("error", str(exc))

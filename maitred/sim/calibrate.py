@@ -10,6 +10,7 @@ torch is an optional extra (``pip install 'maitred[calibrate]'``).
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from maitred.sim.profile import EngineProfile
 
@@ -47,13 +48,30 @@ def _timed(fn, device, repeats: int = 3) -> float:
     return best
 
 
-def calibrate(device_name: str | None = None, shape: ModelShape | None = None, *, progress=None) -> EngineProfile:
+def resolve_device(device_name: str | None = None) -> Any:
+    """The torch device to measure: ``device_name``, or cuda when there is one, else cpu.
+    ValueError for a name torch does not know or a device this machine does not have, so a
+    typo fails at once instead of after minutes of measuring."""
     try:
         import torch
-        import torch.nn.functional as F
     except ImportError:
         raise RuntimeError("maitred calibrate needs torch: pip install 'maitred[calibrate]'") from None
-    device = torch.device(device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    try:
+        device = torch.device(device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError:
+        raise ValueError(f"{device_name!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{device_name!r}: no CUDA device on this machine")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"{device_name!r}: this machine has {torch.cuda.device_count()} CUDA devices")
+    return device
+
+
+def calibrate(device_name: str | None = None, shape: ModelShape | None = None, *, progress=None) -> EngineProfile:
+    import torch
+    import torch.nn.functional as F
+
+    device = resolve_device(device_name)
     shape = shape or (ModelShape() if device.type == "cuda" else CPU_SHAPE)
     dtype = torch.float16 if shape.dtype_bytes == 2 and device.type == "cuda" else torch.float32
     torch.manual_seed(0)

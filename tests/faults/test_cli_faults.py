@@ -108,6 +108,10 @@ REFUSED_FLAGS = [
     (["demo", "--programs", "-3"], "--programs"),
     (["demo", "--programs", "0"], "--programs"),
     (["demo", "--programs", "1000000"], "--programs"),
+    (["programs", "--limit", str(10**20)], "--limit"),
+    (["bench", "replay", "--trace", "synthetic", "--out", "o", "--gpu-tokens", str(10**13)], "--gpu-tokens"),
+    (["bench", "replay", "--trace", "synthetic", "--out", "o", "--workers", "5000"], "--workers"),
+    (["bench", "replay", "--trace", "synthetic", "--out", "o", "--concurrency", "10,1000000"], "--concurrency"),
 ]
 
 
@@ -248,3 +252,19 @@ def test_unreadable_inputs_name_the_path(tmp_path, capsys):
         assert main(argv) == 1
         assert str(path) in _one_stderr_line(capsys)
     assert not (tmp_path / "o").exists()
+
+
+def test_a_bad_maitred_db_variable_is_named_as_such(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MAITRED_DB", "oracle://scott@db/x")
+    assert main(["programs"]) == 2
+    assert _one_stderr_line(capsys).startswith("maitred: error: $MAITRED_DB: unsupported database 'oracle'")
+    _history(tmp_path / "h.db")
+    assert main(["programs", "--db", "h.db", "--json"]) == 0  # the flag wins over the variable
+
+
+def test_calibrate_refuses_an_unknown_device_before_measuring(tmp_path, capsys):
+    pytest.importorskip("torch")
+    assert main(["calibrate", "--out", str(tmp_path / "p.json"), "--device", "gpu0"]) == 2
+    assert _one_stderr_line(capsys) == "maitred: error: --device 'gpu0' is not a torch device (e.g. cpu, cuda, cuda:1)"
+    assert not (tmp_path / "p.json").exists()
