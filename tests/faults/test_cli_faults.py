@@ -268,3 +268,21 @@ def test_calibrate_refuses_an_unknown_device_before_measuring(tmp_path, capsys):
     assert main(["calibrate", "--out", str(tmp_path / "p.json"), "--device", "gpu0"]) == 2
     assert _one_stderr_line(capsys) == "maitred: error: --device 'gpu0' is not a torch device (e.g. cpu, cuda, cuda:1)"
     assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("query", QUERIES, ids=[q[0] for q in QUERIES])
+def test_a_query_on_an_empty_database_creates_no_tables(query, db_url, tmp_path, monkeypatch, capsys):
+    """On PostgreSQL the database (here: a fresh schema) exists but holds no maitred tables."""
+    from sqlalchemy import create_engine, inspect
+
+    monkeypatch.chdir(tmp_path)
+    assert main([*query, "--db", db_url]) == 1
+    assert _one_stderr_line(capsys).startswith("maitred: error: no such database: ")
+    if db_url.startswith("sqlite"):
+        assert list(tmp_path.iterdir()) == []
+    else:
+        engine = create_engine(db_url)
+        try:
+            assert inspect(engine).get_table_names() == []
+        finally:
+            engine.dispose()
