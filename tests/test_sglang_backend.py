@@ -132,6 +132,11 @@ def test_server_info_without_internal_states_scales_the_per_rank_max_total_num_t
     assert parse_server_info(body).gpu_tokens == 900_000
 
 
+def test_host_capacity_from_a_ratio_is_rounded_not_truncated() -> None:
+    body = dict(SERVER_INFO, hicache_ratio=2047 / 1021, max_total_num_tokens=1021, internal_states=[])
+    assert parse_server_info(body).host_tokens == 2047  # int() would give 2046
+
+
 def test_host_capacity_is_unknown_when_the_pool_is_sized_in_gigabytes() -> None:
     body = dict(SERVER_INFO, hicache_size=64)
     assert parse_server_info(body).host_tokens is None

@@ -133,7 +133,7 @@ def _host_tokens(body: Mapping[str, Any], gpu_tokens: int) -> int | None:
     ratio = body.get("hicache_ratio")
     if size_gb or ratio is None:  # sized in GB, or a ratio SGLang picks itself: /metrics knows
         return None
-    return int(_ratio(ratio, "server_info.hicache_ratio") * gpu_tokens)
+    return round(_ratio(ratio, "server_info.hicache_ratio") * gpu_tokens)
 
 
 def parse_server_info(body: dict) -> WorkerCapacity:
