@@ -216,6 +216,49 @@ def test_evicted_kv_is_loaded_back_from_host_memory_with_hicache() -> None:
         'model_name="maitred-sim-worker",pp_rank="0",tp_rank="0",', "").replace('{,', "{")
 
 
+def test_kv_events_tell_what_the_next_request_will_find_cached() -> None:
+    """With --kv-events-config the double publishes SGLang-format KV events; the residency the
+    tracker folds from them for a session is what that session's next request finds cached (to
+    the 16-token block), before and after eviction."""
+    pytest.importorskip("zmq", reason="the kv-events extra (pyzmq) is not installed")
+    from maitred.runtime.service.kv_events import KVEventSubscriber, endpoints_from_server_info
+
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    config = SimWorkerConfig(port=0, gpu_tokens=3_500, time_scale=50.0,
+                             kv_events_config=json.dumps({"publisher": "zmq", "endpoint": endpoint}))
+    system = {"role": "system", "content": SYSTEM}
+    with SimWorkerThread(config) as w, httpx.Client() as client:
+        info = client.get(w.url + "/server_info").json()
+        assert info["kv_events"]["block_size"] == 16 and endpoints_from_server_info(w.url, info) == [endpoint]
+        with KVEventSubscriber(endpoint) as sub:
+            probes = 0
+            while sub.tracker.batches == 0:  # PUB drops events until the subscription has propagated
+                client.post(w.url + "/generate", json={"text": f"probe {probes} " * 10, "sampling_params": {"max_new_tokens": 1}})
+                probes += 1
+                assert probes < 500, "no KV events arrived"
+
+            def step(session: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
+                before = sub.tracker.batches
+                reply = _chat(client, w.url, messages, max_tokens=10, session_id=session)
+                deadline = time.monotonic() + 30
+                while sub.tracker.batches == before:
+                    assert time.monotonic() < deadline, "no KV events for a request"
+                    time.sleep(0.01)
+                return reply
+
+            a = [system, {"role": "user", "content": _words("a", 1000)}]
+            first = step("prog-a", a)
+            assert sub.tracker.session_tokens("prog-a") == first["usage"]["total_tokens"] // 16 * 16
+            a += [first["choices"][0]["message"], {"role": "user", "content": "go on"}]
+            step("prog-b", [system, {"role": "user", "content": _words("b", 1200)}])
+            step("prog-c", [system, {"role": "user", "content": _words("c", 1500)}])
+            tracked = sub.tracker.session_tokens("prog-a")
+            cached = step("prog-a", a)["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert tracked < first["usage"]["total_tokens"]  # C evicted part of A
+    assert 0 <= cached - tracked < 16
+    assert sub.malformed == 0 and sub.tracker.orphans == 0
+
+
 def test_time_scale_speeds_the_engine_clock() -> None:
     """The same request on an idle worker takes the same engine time; ``e2e_latency`` is that
     time divided by the scale."""
@@ -441,6 +484,7 @@ def test_without_script_tools_a_tools_request_gets_plain_text() -> None:
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "priority": "high"}, "priority"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "session_id": 7}, "session_id"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
      "tools[0].function.name"),
     ("/v1/completions", {"prompt": 12}, "prompt"),
@@ -508,6 +552,9 @@ def test_run_refuses_a_missing_profile_and_a_busy_port(tmp_path: Path) -> None:
             run(_parse(["--port", str(busy.config.port)]))
     with pytest.raises(ValueError, match="--profile"):
         create_app(SimWorkerConfig(profile=str(bad)))
+    for config in ("{", '{"publisher": "kafka"}', '{"publisher": "zmq", "endpoint": "ipc:///tmp/x"}'):
+        with pytest.raises(ValueError, match="--kv-events-config"):
+            create_app(SimWorkerConfig(kv_events_config=config))
 
 
 def test_the_module_runs_as_a_process_and_stops_on_sigterm() -> None:

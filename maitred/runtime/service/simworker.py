@@ -51,6 +51,7 @@ class SimWorkerConfig:
     model_path: str = str(MODEL_DIR)
     served_model_name: str = SERVED_MODEL_NAME
     radix_eviction_policy: str = "lru"
+    kv_events_config: str | None = None   # SGLang's --kv-events-config JSON (zmq publisher)
     host: str = "127.0.0.1"
     port: int = 30000               # 0: any free port (SimWorkerThread)
 
@@ -175,6 +176,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", help="engine profile JSON (maitred calibrate writes one)")
     parser.add_argument("--radix-eviction-policy", choices=("lru", "priority"), default="lru",
                         help="as SGLang's flag: 'priority' evicts KV of lower request priority first (default: lru)")
+    parser.add_argument("--kv-events-config", metavar="JSON",
+                        help='as SGLang\'s flag: publish KV events, e.g. \'{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557"}\'')
     parser.add_argument("--model-path", default=str(MODEL_DIR),
                         help="model folder reported to clients; must hold a tokenizer.json (default: the bundled word-level one)")
     parser.add_argument("--served-model-name", default=SERVED_MODEL_NAME, help=f"model name in responses (default: {SERVED_MODEL_NAME})")
@@ -186,6 +189,7 @@ def config_from_args(args: argparse.Namespace) -> SimWorkerConfig:
         gpu_tokens=args.gpu_tokens, cpu_tokens=args.cpu_tokens, time_scale=args.time_scale, script_tools=args.script_tools,
         script_steps=args.script_steps, profile=args.profile, model_path=args.model_path,
         served_model_name=args.served_model_name, radix_eviction_policy=args.radix_eviction_policy,
+        kv_events_config=args.kv_events_config,
         host=args.host, port=args.port,
     )
 

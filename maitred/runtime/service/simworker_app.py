@@ -18,6 +18,7 @@ from fastapi.responses import Response
 from maitred.runtime.service import simworker_generation as generation
 from maitred.runtime.service.simworker import SimWorkerConfig
 from maitred.runtime.service.simworker_engine import RealtimeEngine
+from maitred.runtime.service.simworker_kv_events import KVEventPublisher, KVEventsConfig
 from maitred.runtime.service.simworker_metrics import loads_entry, metrics_text
 from maitred.sim.engine import Worker
 from maitred.sim.profile import EngineProfile
@@ -43,6 +44,10 @@ class SimWorker:
         self.engine = RealtimeEngine(worker, config.time_scale, typed_eviction=typed)
         self.started = time.time()
         self.max_input = min(CONTEXT_LENGTH, self.gpu_tokens) - 1
+        self.kv_events = KVEventsConfig.parse(config.kv_events_config) if config.kv_events_config else None
+        self.publisher = KVEventPublisher(self.kv_events, self.engine) if self.kv_events else None
+        if self.publisher is not None:
+            self.engine.on_change = self.publisher.publish
 
 
 def build_app(config: SimWorkerConfig) -> FastAPI:
@@ -55,6 +60,8 @@ def build_app(config: SimWorkerConfig) -> FastAPI:
             yield
         finally:
             await sim.engine.stop()
+            if sim.publisher is not None:
+                sim.publisher.close()
 
     app = FastAPI(title="maitred sim-worker (simulated SGLang server)", description=NOTE, lifespan=lifespan)
     app.state.sim = sim
@@ -128,10 +135,10 @@ def server_info_body(sim: SimWorker) -> dict[str, Any]:
         "chunked_prefill_size": sim.profile.prefill_chunk_tokens, "enable_metrics": True, "enable_cache_report": True,
         "enable_hierarchical_cache": cpu > 0, "hicache_ratio": (cpu / gpu) if cpu else None, "hicache_size": 0,
         "hicache_write_policy": "write_through", "radix_eviction_policy": c.radix_eviction_policy,
-        "enable_priority_scheduling": False, "kv_events_config": None,
+        "enable_priority_scheduling": False, "kv_events_config": c.kv_events_config,
         "launch_command": f"maitred sim-worker --port {c.port} --gpu-tokens {gpu} --cpu-tokens {cpu} --time-scale {c.time_scale}",
         "status": "ready", "max_total_num_tokens": gpu, "max_req_input_len": sim.max_input, "startup_time": sim.started,
-        "kv_events": None,
+        "kv_events": sim.kv_events.descriptor() if sim.kv_events else None,
         "internal_states": [{
             "world_size": 1, "startup_time": sim.started,
             "effective_max_running_requests_per_dp": sim.profile.max_running, "last_gen_throughput": 0.0,

@@ -30,9 +30,15 @@ STREAM_INTERVAL_S = 0.02
 
 def _chain(ids: list[int]) -> list[int]:
     """One hash per full page, each covering everything before it."""
+    return chain_from(ids, 0, 0)
+
+
+def chain_from(ids: list[int], first_page: int, before: int) -> list[int]:
+    """The page hashes of ``ids`` from page ``first_page`` on, ``before`` being the hash of the
+    page ahead of it (0 at the root)."""
     out = []
-    h = 0
-    for start in range(0, len(ids) - PAGE + 1, PAGE):
+    h = before
+    for start in range(first_page * PAGE, len(ids) - PAGE + 1, PAGE):
         h = hash((h, tuple(ids[start:start + PAGE])))
         out.append(h)
     return out
@@ -88,6 +94,10 @@ class ConversationIndex:
             break
         self._made += 1
         return f"p{self._made}"
+
+    def tokens(self, key: str) -> list[int] | None:
+        conv = self._convs.get(key)
+        return None if conv is None else conv.tokens
 
     def record(self, key: str, agent: str, tokens: list[int]) -> None:
         """``key``'s cached sequence is now ``tokens`` (its prompt followed by its output)."""
@@ -146,6 +156,10 @@ class RealtimeEngine:
     def __init__(self, worker: Worker, time_scale: float, *, typed_eviction: bool,
                  max_conversations: int = 50_000, clock: Callable[[], float] = time.monotonic) -> None:
         self.worker = worker
+        #: called after every change of the engine's state (KV-event publishing hooks in here)
+        self.on_change: Callable[[], None] | None = None
+        #: the ``session_id`` a program's latest request carried (SGLang reports it in KV events)
+        self.sessions: dict[str, str] = {}
         self.time_scale = time_scale
         self.typed_eviction = typed_eviction
         self.index = ConversationIndex()
@@ -172,9 +186,12 @@ class RealtimeEngine:
     def busy(self) -> set[str]:
         return {r.program_id for r in self.worker.running} | {r.program_id for r in self.worker.queue}
 
-    def submit(self, prompt: Prompt, output_ids: list[int], *, priority: int | None = None, stream: bool = False) -> Ticket:
+    def submit(self, prompt: Prompt, output_ids: list[int], *, priority: int | None = None, stream: bool = False,
+               session_id: str | None = None) -> Ticket:
         """Queue a request whose output will be ``output_ids`` (the double decides its reply up front)."""
         pid = self.index.resolve(prompt, self.busy())
+        if session_id is not None:
+            self.sessions[pid] = session_id
         if priority is not None and self.typed_eviction:  # SGLang's ratchet: a prefix keeps its highest priority
             self.worker.priorities[pid] = max(priority, self.worker.priorities.get(pid, priority))
         self.index.record(pid, prompt.agent, prompt.ids + output_ids)
@@ -192,6 +209,8 @@ class RealtimeEngine:
         if self._tickets.pop(id(ticket.request), None) is not None and self.worker.abort(ticket.request):
             ticket.done.set()
             self._wake.set()
+            if self.on_change is not None:
+                self.on_change()
 
     def _dispatch(self, finished: list[Request]) -> None:
         for ticket in self._tickets.values():
@@ -211,6 +230,8 @@ class RealtimeEngine:
             ticket.done.set()
         if finished and len(self.index) > self._max_conversations:
             self._prune()
+        if self.on_change is not None:
+            self.on_change()
 
     def _prune(self) -> None:
         """Forget conversations the engine no longer holds any KV for."""
@@ -218,6 +239,7 @@ class RealtimeEngine:
         for pid in [p for p, seg in self.worker.segments.items() if seg.gpu == 0 and seg.host == 0 and p not in busy]:
             self.worker.forget(pid)
             self.index.forget(pid)
+            self.sessions.pop(pid, None)
 
     async def _run(self) -> None:
         while True:

@@ -97,6 +97,9 @@ def _check_fits(sim: "SimWorker", prompt: Prompt, output: int, field: str) -> No
 def _stream_flag(body: Mapping[str, Any]) -> bool:
     """``stream``, after checking the fields every generation endpoint shares."""
     _priority(body)
+    session = body.get("session_id")
+    if session is not None and not isinstance(session, str):
+        raise BadRequest(f"session_id: expected a string, got {session!r}", "session_id")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest(f"stream: expected true or false, got {stream!r}", "stream")
@@ -175,8 +178,9 @@ def _words_until(reply: Reply, generated: int) -> list[str]:
 
 
 def _submit(sim: "SimWorker", prompt: Prompt, reply: Reply, body: Mapping[str, Any], stream: bool) -> Ticket:
-    """Queue a parsed request (its ``priority`` was checked while parsing)."""
-    return sim.engine.submit(prompt, reply.output_ids, priority=body.get("priority"), stream=stream)
+    """Queue a parsed request (its ``priority`` and ``session_id`` were checked while parsing)."""
+    return sim.engine.submit(prompt, reply.output_ids, priority=body.get("priority"), stream=stream,
+                             session_id=body.get("session_id"))
 
 
 # -- /generate -------------------------------------------------------------------------------
