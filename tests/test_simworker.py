@@ -542,6 +542,15 @@ def test_cli_defaults_and_values() -> None:
         SimWorkerConfig(time_scale=math.nan)
 
 
+def test_the_cli_module_imports_nothing_heavy() -> None:
+    """``maitred`` builds every subcommand's parser on every call: the server stack loads only when
+    the sim-worker runs."""
+    probe = ("import sys, maitred.runtime.service.simworker; "
+             "print(sorted(m for m in ('fastapi', 'uvicorn', 'starlette', 'prometheus_client', 'zmq', 'orjson') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_run_refuses_a_missing_profile_and_a_busy_port(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--profile"):
         run(_parse(["--profile", str(tmp_path / "missing.json"), "--port", str(free_port())]))
