@@ -546,7 +546,7 @@ def test_the_cli_module_imports_nothing_heavy() -> None:
     """``maitred`` builds every subcommand's parser on every call: the server stack loads only when
     the sim-worker runs."""
     probe = ("import sys, maitred.runtime.service.simworker; "
-             "print(sorted(m for m in ('fastapi', 'uvicorn', 'starlette', 'prometheus_client', 'zmq', 'orjson') if m in sys.modules))")
+             "print(sorted(m for m in ('fastapi', 'uvicorn', 'starlette', 'prometheus_client', 'zmq') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
