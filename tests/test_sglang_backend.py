@@ -276,6 +276,7 @@ def test_client_reads_fixture_shapes_and_falls_back_to_the_deprecated_server_inf
             assert await worker.healthy() is False  # this fixture answers 503
             assert await worker.warmup([1, 2, 3], priority=5) == 1024
             assert await worker.warmup("some text") == 1024
+            assert await worker.kv_event_endpoints() == []
 
     with FixtureServer(new_server_info=False) as server:
         asyncio.run(check(server.url))
@@ -295,9 +296,17 @@ def test_client_against_a_running_sim_worker() -> None:
             return first, second, await worker.capacity(), await worker.load(), await worker.host_capacity(), \
                 await worker.healthy()
 
-    config = SimWorkerConfig(port=0, gpu_tokens=50_000, cpu_tokens=120_000, time_scale=20.0)
+    kv_port = free_port()
+    config = SimWorkerConfig(port=0, gpu_tokens=50_000, cpu_tokens=120_000, time_scale=20.0,
+                             kv_events_config=f'{{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:{kv_port}"}}')
     with SimWorkerThread(config) as w:
         first, second, capacity, load, host, healthy = asyncio.run(check(w.url))
+
+        async def endpoints() -> list[str]:
+            async with httpx.AsyncClient() as client:
+                return await SGLangWorker(w.url, client).kv_event_endpoints()
+
+        assert asyncio.run(endpoints()) == [f"tcp://127.0.0.1:{kv_port}"]
         url = w.url
     assert (first, second) == (0, 400)  # "shared context " is two tokens; the repeat is all cached
     assert capacity == WorkerCapacity(50_000, 120_000, 1, config.model_path)

@@ -33,6 +33,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from maitred.runtime.service.kv_events import KVEventError, endpoints_from_server_info
+
 __all__ = [
     "SGLangWorker",
     "WorkerCapacity",
@@ -245,15 +247,25 @@ class SGLangWorker:
         except ValueError:
             raise WorkerProtocolError(f"{self.url}{path}: body is not JSON") from None
 
-    async def capacity(self) -> WorkerCapacity:
+    async def server_info(self) -> Any:
         """``/server_info``; ``/get_server_info`` when the server predates the new name (404)."""
         try:
-            body = await self._get_json("/server_info")
+            return await self._get_json("/server_info")
         except httpx.HTTPStatusError as exc:
             if exc.response.status_code != 404:
                 raise
-            body = await self._get_json("/get_server_info")
-        return parse_server_info(body)
+            return await self._get_json("/get_server_info")
+
+    async def capacity(self) -> WorkerCapacity:
+        return parse_server_info(await self.server_info())
+
+    async def kv_event_endpoints(self) -> list[str]:
+        """Where this worker publishes KV events (one ZMQ endpoint per data-parallel rank; empty
+        without ``--kv-events-config``), for ``kv_events.KVEventSubscriber``."""
+        try:
+            return endpoints_from_server_info(self.url, await self.server_info())
+        except KVEventError as exc:
+            raise WorkerProtocolError(str(exc)) from None
 
     async def load(self) -> WorkerLoad:
         return parse_loads(await self._get_json("/v1/loads"))
