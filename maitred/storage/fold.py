@@ -142,19 +142,28 @@ def _fold_one(out: Folded, e: Event, key: str) -> None:
         _merge(out.programs, pid, PROGRAM_COLUMNS, {"program_id": pid})
 
 
-def refusal_reason(event: Event, error: BaseException) -> str:
-    """Why the store cannot hold ``event``, naming the field: the checks below cover what the
-    databases refuse (integers beyond 64 bits, NUL bytes in text columns, values JSON cannot
-    encode), then validation (an event built in-process skipped it: a list where a name
-    belongs); anything else is described by the database's own first line."""
+def column_refusal(event: Event, *, nul_ok: bool) -> str | None:
+    """A value no column can hold, named by field: an integer beyond 64 bits, or a NUL byte in
+    a text column (PostgreSQL refuses those; SQLite stores them, hence ``nul_ok``). Cheap, so a
+    refused batch is screened with it before any splitting."""
     for f in fields(event):
         value = getattr(event, f.name)
-        if isinstance(value, bool) or value is None:
-            continue
-        if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+        if isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
             return f"{f.name}: out of range for the database (64-bit integers)"
-        if isinstance(value, str) and "\x00" in value:
+        if not nul_ok and isinstance(value, str) and "\x00" in value:
             return f"{f.name}: contains a NUL byte, which the database cannot store"
+    return None
+
+
+def refusal_reason(event: Event, error: BaseException) -> str:
+    """Why the database refused ``event`` alone, naming the field where possible: a value no
+    column holds, a value JSON cannot encode, then validation (an event built in-process
+    skipped it: a list where a name belongs); else the database's own first line."""
+    reason = column_refusal(event, nul_ok=False)
+    if reason is not None:
+        return reason
+    for f in fields(event):
+        value = getattr(event, f.name)
         if isinstance(value, (dict, list, tuple)):
             try:
                 canonical_json(value)

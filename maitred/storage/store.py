@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from maitred.events import Event
 from maitred.storage.engine import IMMEDIATE, make_engine, normalize_db_url, sqlite_path
 from maitred.storage.errors import NoSuchDatabase, StoreError, describe, is_content_error, translate
-from maitred.storage.fold import Folded, fold, refusal_reason
+from maitred.storage.fold import Folded, column_refusal, fold, refusal_reason
 from maitred.storage.migrate import current_revision, head_revision, known_revision, upgrade
 from maitred.storage.models import Base, EventRow
 from maitred.storage.queries import (
@@ -113,9 +113,10 @@ class SessionStore:
 
     def write(self, events: Iterable[Event]) -> WriteResult:
         """Store a batch in one transaction. When the database refuses it for what it holds,
-        the batch is split in halves until the refused events are alone: they are reported in
-        ``rejected``, the rest is stored. An outage raises ``StoreUnavailable`` (keep the batch
-        and retry: nothing is stored twice)."""
+        the events holding values no column can take are set aside, and what the database
+        still refuses is split in halves until the refused events are alone: they are reported
+        in ``rejected``, the rest is stored. An outage raises ``StoreUnavailable`` (keep the
+        batch and retry: nothing is stored twice). A batch nobody refuses pays for none of this."""
         batch = list(events)
         folded = fold(batch)
         rejected = [Rejected(index, batch[index].TYPE, reason) for index, reason in folded.refused]
@@ -126,32 +127,44 @@ class SessionStore:
         except Exception as exc:
             if not is_content_error(exc):
                 raise translate(exc, self.url) from exc
-            refused = {index for index, _ in folded.refused}
-            stored: set[str] = set()
-            self._isolate(batch, [i for i in range(len(batch)) if i not in refused], exc, stored, rejected)
-            rejected.sort(key=lambda r: r.index)
-            return WriteResult(len(stored), rejected)
-        return WriteResult(len(folded.events), rejected)
-
-    def _isolate(self, batch: list[Event], failing: list[int], error: Exception, stored: set[str], rejected: list[Rejected]) -> None:
-        """Bisect ``failing`` (positions whose batch the database refused): store each half that
-        it takes, recurse into each half it refuses, report single events it refuses. Halves go
-        in input order, so later events still win on the rows they share."""
-        if len(failing) == 1:
-            event = batch[failing[0]]
-            rejected.append(Rejected(failing[0], event.TYPE, refusal_reason(event, error)))
-            return
-        middle = len(failing) // 2
-        for half in (failing[:middle], failing[middle:]):
-            folded = fold(batch[i] for i in half)
-            try:
-                self._write_rows(folded)
-            except Exception as exc:
-                if not is_content_error(exc):
-                    raise translate(exc, self.url) from exc
-                self._isolate(batch, half, exc, stored, rejected)
+        else:
+            return WriteResult(len(folded.events), rejected)
+        refused = {index for index, _ in folded.refused}
+        remaining: list[int] = []
+        for index in range(len(batch)):
+            if index in refused:
+                continue
+            reason = column_refusal(batch[index], nul_ok=not self._postgres)
+            if reason is None:
+                remaining.append(index)
             else:
-                stored.update(row["event_key"] for row in folded.events)
+                rejected.append(Rejected(index, batch[index].TYPE, reason))
+        stored: set[str] = set()
+        self._store_or_split(batch, remaining, stored, rejected)
+        rejected.sort(key=lambda r: r.index)
+        return WriteResult(len(stored), rejected)
+
+    def _store_or_split(self, batch: list[Event], indices: list[int], stored: set[str], rejected: list[Rejected]) -> None:
+        """Store the events at ``indices`` in one transaction; if the database refuses them for
+        their content, bisect, down to single events, which are reported. Halves go in input
+        order, so later events still win on the rows they share."""
+        if not indices:
+            return
+        folded = fold(batch[i] for i in indices)
+        try:
+            self._write_rows(folded)
+        except Exception as exc:
+            if not is_content_error(exc):
+                raise translate(exc, self.url) from exc
+            if len(indices) == 1:
+                event = batch[indices[0]]
+                rejected.append(Rejected(indices[0], event.TYPE, refusal_reason(event, exc)))
+                return
+            middle = len(indices) // 2
+            self._store_or_split(batch, indices[:middle], stored, rejected)
+            self._store_or_split(batch, indices[middle:], stored, rejected)
+        else:
+            stored.update(row["event_key"] for row in folded.events)
 
     def _write_rows(self, folded: Folded) -> None:
         with self._writer.begin() as conn:
