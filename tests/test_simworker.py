@@ -627,3 +627,28 @@ def test_sglang_router_registers_two_sim_workers_and_routes_through_them(tmp_pat
             router.terminate()
             router.wait(30)
             log_file.close()
+
+
+def test_a_long_running_worker_forgets_conversations_it_holds_no_kv_for() -> None:
+    """Every conversation ever seen is indexed; once the index outgrows its bound, those whose KV
+    the engine dropped are forgotten, so memory follows the KV capacity, not the traffic."""
+    import asyncio
+
+    from maitred.runtime.service.simworker_engine import RealtimeEngine
+    from maitred.runtime.service.simworker_tokens import render_text
+    from maitred.sim.engine import Worker
+    from maitred.sim.profile import EngineProfile
+
+    async def run() -> tuple[int, int, int]:
+        engine = RealtimeEngine(Worker("w", EngineProfile(), 2_000, 0), 1_000.0, typed_eviction=False, prune_floor_tokens=5_000)
+        engine.start()
+        try:
+            for i in range(60):
+                prompt = render_text(_words(f"p{i}x", 400))
+                await engine.submit(prompt, [1, 2, 3]).done.wait()
+            return engine.index.tokens_held, len(engine.index), len(engine.worker.segments)
+        finally:
+            await engine.stop()
+
+    held, conversations, segments = asyncio.run(run())
+    assert held <= 2 * 5_000 + 403 and conversations < 30 and segments == conversations

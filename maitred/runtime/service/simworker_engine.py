@@ -74,6 +74,7 @@ class ConversationIndex:
         self._owner: dict[int, str] = {}
         self._convs: dict[str, Conversation] = {}
         self._made = 0
+        self.tokens_held = 0       # over all recorded sequences: what this index costs in memory
 
     def __len__(self) -> int:
         return len(self._convs)
@@ -95,12 +96,17 @@ class ConversationIndex:
         self._made += 1
         return f"p{self._made}"
 
+    def keys(self) -> list[str]:
+        return list(self._convs)
+
     def tokens(self, key: str) -> list[int] | None:
         conv = self._convs.get(key)
         return None if conv is None else conv.tokens
 
     def record(self, key: str, agent: str, tokens: list[int]) -> None:
         """``key``'s cached sequence is now ``tokens`` (its prompt followed by its output)."""
+        old = self._convs.get(key)
+        self.tokens_held += len(tokens) - (len(old.tokens) if old else 0)
         self._convs[key] = Conversation(agent, tokens)
         for h in self._keys(tokens):
             self._owner[h] = key
@@ -115,6 +121,7 @@ class ConversationIndex:
         conv = self._convs.pop(key, None)
         if conv is None:
             return
+        self.tokens_held -= len(conv.tokens)
         for h in self._keys(conv.tokens):
             if self._owner.get(h) == key:
                 del self._owner[h]
@@ -154,7 +161,7 @@ class RealtimeEngine:
     """Runs ``worker`` in real time × ``time_scale``. All methods run on the event loop thread."""
 
     def __init__(self, worker: Worker, time_scale: float, *, typed_eviction: bool,
-                 max_conversations: int = 50_000, clock: Callable[[], float] = time.monotonic) -> None:
+                 prune_floor_tokens: int = 1_000_000, clock: Callable[[], float] = time.monotonic) -> None:
         self.worker = worker
         #: called after every change of the engine's state (KV-event publishing hooks in here)
         self.on_change: Callable[[], None] | None = None
@@ -164,7 +171,9 @@ class RealtimeEngine:
         self.typed_eviction = typed_eviction
         self.index = ConversationIndex()
         self.counters = Counters()
-        self._max_conversations = max_conversations
+        #: the index is pruned of conversations without KV once it holds this many tokens (it
+        #: grows by every conversation ever seen; what the engine holds is bounded by its capacity)
+        self._prune_at = max(4 * (worker.gpu_tokens + worker.host_tokens), prune_floor_tokens)
         self._clock = clock
         self._t0 = clock()
         self._tickets: dict[int, Ticket] = {}
@@ -228,7 +237,7 @@ class RealtimeEngine:
             ticket.changed.set()
             self.counters.generation_tokens += r.output
             ticket.done.set()
-        if finished and len(self.index) > self._max_conversations:
+        if finished and self.index.tokens_held > self._prune_at:
             self._prune()
         if self.on_change is not None:
             self.on_change()
@@ -236,10 +245,17 @@ class RealtimeEngine:
     def _prune(self) -> None:
         """Forget conversations the engine no longer holds any KV for."""
         busy = self.busy()
-        for pid in [p for p, seg in self.worker.segments.items() if seg.gpu == 0 and seg.host == 0 and p not in busy]:
+
+        def holds_nothing(pid: str) -> bool:
+            seg = self.worker.segments.get(pid)
+            return pid not in busy and (seg is None or not (seg.gpu or seg.host))
+
+        for pid in [p for p in self.index.keys() if holds_nothing(p)]:
             self.worker.forget(pid)
             self.index.forget(pid)
             self.sessions.pop(pid, None)
+        # what is left has KV (bounded by the capacity): look again only after as much growth
+        self._prune_at = max(self._prune_at, 2 * self.index.tokens_held)
 
     async def _run(self) -> None:
         while True:
