@@ -22,10 +22,8 @@ pytest.importorskip("litellm", reason="the litellm extra is not installed")
 pytest.importorskip("backoff", reason="the litellm extra (the proxy's dependencies) is not installed")
 
 from maitred.integrations.litellm import MaitredLogger, llm_end_of, normalize_base, program_id_of
-from maitred.runtime.service.app import ServeConfig, build_app
-from maitred.runtime.service.background import BackgroundServer, free_port, wait_http
-from maitred.runtime.service.loop import RuntimeConfig
-from maitred.runtime.service.simworker import SimWorkerConfig, create_app
+from maitred.integrations.local import local_cluster
+from maitred.runtime.service.background import free_port, wait_http
 from maitred.storage import SessionStore
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "litellm_proxy" / "config.yaml"
@@ -83,24 +81,21 @@ class Proxy:
 def proxy(tmp_path_factory) -> Iterator[Proxy]:
     tmp = tmp_path_factory.mktemp("litellm")
     with ExitStack() as stack:
-        sims = [stack.enter_context(BackgroundServer(create_app(SimWorkerConfig(gpu_tokens=GPU_TOKENS, time_scale=50.0))))
-                for _ in range(2)]
         db_url = f"sqlite:///{tmp / 'gateway.db'}"
-        gateway = build_app(ServeConfig([s.url for s in sims], db_url=db_url, wait_for_workers_s=10,
-                                        runtime=RuntimeConfig(tick_s=0.2, poll_s=0.2, hold_timeout_s=30.0)))
-        runtime = stack.enter_context(BackgroundServer(gateway.app))
+        cluster = stack.enter_context(local_cluster(gpu_tokens=GPU_TOKENS, script_tools=False, db_url=db_url, time_scale=50.0))
+        sims = cluster.worker_urls
         config = tmp / "config.yaml"
-        config.write_text(EXAMPLE.read_text().replace("http://127.0.0.1:30001", sims[0].url).replace("http://127.0.0.1:30002", sims[1].url))
+        config.write_text(EXAMPLE.read_text().replace("http://127.0.0.1:30001", sims[0]).replace("http://127.0.0.1:30002", sims[1]))
         port, key = free_port(), "sk-" + secrets.token_hex(16)
         env = {**{k: v for k, v in os.environ.items() if not k.startswith("MAITRED_")},
-               "LITELLM_MASTER_KEY": key, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "MAITRED_URL": runtime.url}
+               "LITELLM_MASTER_KEY": key, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "MAITRED_URL": cluster.gateway_url}
         log = stack.enter_context(open(tmp / "proxy.log", "w"))
         litellm_cli = Path(sys.executable).with_name("litellm")
         process = subprocess.Popen([str(litellm_cli), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
                                    env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_http(f"http://127.0.0.1:{port}/health/liveliness", timeout_s=240, process=process)
-            yield Proxy(f"http://127.0.0.1:{port}", key, runtime.url, [normalize_base(s.url) or "" for s in sims], db_url)
+            yield Proxy(f"http://127.0.0.1:{port}", key, cluster.gateway_url, [normalize_base(s) or "" for s in sims], db_url)
         finally:
             process.terminate()
             process.wait(30)

@@ -72,7 +72,7 @@ def test_langgraph_swarm_through_the_gateway_carries_the_program_id_on_every_req
     assert all(r.headers["x-program-id"] == "swarm-gw" for r in chats)
 
     info = c.program("swarm-gw")
-    assert info is not None and info["worker"] in [w.url for w in c.workers]
+    assert info is not None and info["worker"] in c.worker_urls
     with SessionStore(c.db_url) as store:
         timeline = until(lambda: (t := store.program("swarm-gw")) and len(t.handoffs) == 1
                          and len([s for s in t.spans if s.kind == "llm" and s.end]) == 4 and t, what="the swarm in the store")
