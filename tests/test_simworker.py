@@ -508,6 +508,33 @@ def test_bad_input_gets_400_naming_the_field(worker: SimWorkerThread, path: str,
         assert _chat(client, worker.url, [{"role": "user", "content": "still fine"}])["choices"][0]["message"]["content"]
 
 
+def test_an_engine_failure_fails_requests_loudly_and_turns_health_red() -> None:
+    with SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=50_000, time_scale=1.0)) as w, httpx.Client() as client:
+        streams: list[Any] = []
+
+        def stream() -> None:
+            streams.extend(_sse(client, w.url + "/v1/chat/completions",
+                                {"messages": [{"role": "user", "content": "long"}], "max_tokens": 5_000, "stream": True}))
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        deadline = time.monotonic() + 30
+        while not w.sim.engine.worker.running:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+
+        def broken(now: float) -> list[Any]:
+            raise RuntimeError("model bug")
+
+        w.sim.engine.worker.advance = broken
+        reader.join(30)
+        after = client.post(w.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+        health = client.get(w.url + "/health").status_code
+    assert streams[-1] == "[DONE]" and "model bug" in streams[-2]["error"]["message"]
+    assert after.status_code == 500 and "model bug" in after.json()["error"]["message"]
+    assert health == 503
+
+
 def test_bad_loads_section_is_refused(worker: SimWorkerThread) -> None:
     response = httpx.get(worker.url + "/v1/loads", params={"include": "core,everything"})
     assert response.status_code == 400 and "include" in response.json()["message"]

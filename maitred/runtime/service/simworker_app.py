@@ -81,8 +81,9 @@ def _sim(request: Request) -> SimWorker:
     return sim
 
 
-async def health() -> Response:
-    return Response(status_code=200)
+async def health(request: Request) -> Response:
+    """200, or 503 once the engine model has failed (SGLang answers 503 when it is unhealthy)."""
+    return Response(status_code=200 if _sim(request).engine.failure is None else 503)
 
 
 async def server_info(request: Request) -> Response:

@@ -17,6 +17,7 @@ under-reports such hits rather than inventing ones a radix tree would not have.
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field
@@ -26,6 +27,11 @@ from maitred.sim.engine import Request, Worker
 
 PAGE = 16
 STREAM_INTERVAL_S = 0.02
+log = logging.getLogger(__name__)
+
+
+class EngineFailed(RuntimeError):
+    """The engine model raised; the worker answers 5xx (and ``/health`` 503) from then on."""
 
 
 def _chain(ids: list[int]) -> list[int]:
@@ -179,6 +185,7 @@ class RealtimeEngine:
         self._tickets: dict[int, Ticket] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.failure: str | None = None
 
     def now(self) -> float:
         return (self._clock() - self._t0) * self.time_scale
@@ -198,6 +205,8 @@ class RealtimeEngine:
     def submit(self, prompt: Prompt, output_ids: list[int], *, priority: int | None = None, stream: bool = False,
                session_id: str | None = None) -> Ticket:
         """Queue a request whose output will be ``output_ids`` (the double decides its reply up front)."""
+        if self.failure is not None:
+            raise EngineFailed(self.failure)
         pid = self.index.resolve(prompt, self.busy())
         if session_id is not None:
             self.sessions[pid] = session_id
@@ -209,9 +218,22 @@ class RealtimeEngine:
         ticket = Ticket(request, stream, self.time_scale)
         self._tickets[id(request)] = ticket
         self.counters.requests += 1
-        self._dispatch(self.worker.submit(request, now))
+        try:
+            self._dispatch(self.worker.submit(request, now))
+        except Exception as exc:
+            self._fail(exc)
+            raise EngineFailed(self.failure) from exc
         self._wake.set()
         return ticket
+
+    def _fail(self, exc: Exception) -> None:
+        """A bug in the engine model must not hang clients: fail every request, loudly."""
+        log.exception("sim-worker: the engine model failed; every request now fails")
+        self.failure = f"engine model failed: {type(exc).__name__}: {exc}"
+        for ticket in self._tickets.values():
+            ticket.done.set()
+            ticket.changed.set()
+        self._tickets.clear()
 
     def abort(self, ticket: Ticket) -> None:
         """The client went away before the end: drop the request as SGLang does."""
@@ -258,6 +280,12 @@ class RealtimeEngine:
         self._prune_at = max(self._prune_at, 2 * self.index.tokens_held)
 
     async def _run(self) -> None:
+        try:
+            await self._loop()
+        except Exception as exc:
+            self._fail(exc)
+
+    async def _loop(self) -> None:
         while True:
             self._dispatch(self.worker.advance(self.now()))
             nxt = self.worker.next_event_time()

@@ -12,7 +12,7 @@ field's name; nothing reaches the engine until the whole request has been read.
 
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +20,7 @@ import orjson
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from maitred.runtime.service.simworker_engine import RealtimeEngine, Ticket
+from maitred.runtime.service.simworker_engine import EngineFailed, RealtimeEngine, Ticket
 from maitred.runtime.service.simworker_replies import Reply, chat_reply, text_reply
 from maitred.runtime.service.simworker_tokens import Prompt, PromptError, render_chat, render_ids, render_text
 
@@ -165,12 +165,25 @@ async def _progress(engine: RealtimeEngine, ticket: Ticket) -> AsyncGenerator[in
             if generated > sent or (done and sent == 0):
                 sent = generated
                 yield sent
+            if engine.failure is not None:
+                raise EngineFailed(engine.failure)
             if done:
                 return
             await ticket.changed.wait()
     finally:
         if not ticket.done.is_set():
             engine.abort(ticket)
+
+
+async def _guarded(sim: "SimWorker", chunks: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+    """A stream whose engine fails ends with SGLang's error chunk, not a cut connection."""
+    async with aclosing(chunks):
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except EngineFailed:
+            yield _sse(_failure(sim))
+            yield DONE
 
 
 def _words_until(reply: Reply, generated: int) -> list[str]:
@@ -183,6 +196,11 @@ def _submit(sim: "SimWorker", prompt: Prompt, reply: Reply, body: Mapping[str, A
                              session_id=body.get("session_id"))
 
 
+def _failure(sim: "SimWorker") -> dict[str, Any]:
+    """SGLang's error body for a request the server could not serve."""
+    return {"error": {"message": sim.engine.failure, "type": "internal_error", "code": 500}}
+
+
 # -- /generate -------------------------------------------------------------------------------
 
 async def generate(request: Request) -> Response:
@@ -192,7 +210,10 @@ async def generate(request: Request) -> Response:
         prompt, reply, stream = _parse_generate(sim, body)
     except (BadRequest, PromptError) as exc:
         return _generate_error(BadRequest.of(exc))
-    ticket = _submit(sim, prompt, reply, body, stream)
+    try:
+        ticket = _submit(sim, prompt, reply, body, stream)
+    except EngineFailed:
+        return json_response(_failure(sim), 500)
     rid = body["rid"] if isinstance(body.get("rid"), str) else uuid.uuid4().hex
 
     def out(generated: int, final: bool) -> dict[str, Any]:
@@ -203,15 +224,17 @@ async def generate(request: Request) -> Response:
 
     if not stream:
         await ticket.done.wait()
+        if sim.engine.failure is not None:
+            return json_response(_failure(sim), 500)
         return json_response(out(len(reply.output_ids), True))
 
-    async def events() -> AsyncIterator[bytes]:
+    async def events() -> AsyncGenerator[bytes, None]:
         async with aclosing(_progress(sim.engine, ticket)) as progress:
             async for generated in progress:
                 yield _sse(out(generated, ticket.done.is_set() and generated == len(reply.output_ids)))
         yield DONE
 
-    return StreamingResponse(events(), media_type="text/event-stream")
+    return StreamingResponse(_guarded(sim, events()), media_type="text/event-stream")
 
 
 # -- /v1/completions -------------------------------------------------------------------------
@@ -235,15 +258,20 @@ async def completions(request: Request) -> Response:
         prompt, reply, stream = _parse_completion(sim, body)
     except (BadRequest, PromptError) as exc:
         return openai_error(BadRequest.of(exc))
-    ticket = _submit(sim, prompt, reply, body, stream)
+    try:
+        ticket = _submit(sim, prompt, reply, body, stream)
+    except EngineFailed:
+        return json_response(_failure(sim), 500)
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": sim.config.served_model_name}
     if not stream:
         await ticket.done.wait()
+        if sim.engine.failure is not None:
+            return json_response(_failure(sim), 500)
         choice = {"index": 0, "text": " " + reply.text, "logprobs": None, "finish_reason": reply.finish_reason, "matched_stop": None}
         return json_response({**head, "choices": [choice], "usage": _usage(ticket)})
 
-    async def events() -> AsyncIterator[bytes]:
+    async def events() -> AsyncGenerator[bytes, None]:
         sent = 0
         async with aclosing(_progress(sim.engine, ticket)) as progress:
             async for generated in progress:
@@ -257,7 +285,7 @@ async def completions(request: Request) -> Response:
             yield _sse({**head, "choices": [], "usage": _usage(ticket)})
         yield DONE
 
-    return StreamingResponse(events(), media_type="text/event-stream")
+    return StreamingResponse(_guarded(sim, events()), media_type="text/event-stream")
 
 
 # -- /v1/chat/completions --------------------------------------------------------------------
@@ -278,28 +306,33 @@ async def chat(request: Request) -> Response:
         prompt, reply, stream = _parse_chat(sim, body)
     except (BadRequest, PromptError) as exc:
         return openai_error(BadRequest.of(exc))
-    ticket = _submit(sim, prompt, reply, body, stream)
+    try:
+        ticket = _submit(sim, prompt, reply, body, stream)
+    except EngineFailed:
+        return json_response(_failure(sim), 500)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": sim.config.served_model_name}
     if not stream:
         await ticket.done.wait()
+        if sim.engine.failure is not None:
+            return json_response(_failure(sim), 500)
         message: dict[str, Any] = {"role": "assistant", "content": None if reply.tool_calls else reply.text, "reasoning_content": None}
         if reply.tool_calls:
             message["tool_calls"] = reply.tool_calls
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reply.finish_reason, "matched_stop": None}
         return json_response({**head, "object": "chat.completion", "choices": [choice], "usage": _usage(ticket),
                               "metadata": {"weight_version": "default"}})
-    return StreamingResponse(_chat_events(sim.engine, ticket, reply, body, head), media_type="text/event-stream")
+    return StreamingResponse(_guarded(sim, _chat_events(sim, ticket, reply, body, head)), media_type="text/event-stream")
 
 
-async def _chat_events(engine: RealtimeEngine, ticket: Ticket, reply: Reply, body: Mapping[str, Any],
-                       head: dict[str, Any]) -> AsyncIterator[bytes]:
+async def _chat_events(sim: "SimWorker", ticket: Ticket, reply: Reply, body: Mapping[str, Any],
+                       head: dict[str, Any]) -> AsyncGenerator[bytes, None]:
     def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
         return _sse({**head, "object": "chat.completion.chunk",
                      "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "matched_stop": None}]})
 
     yield chunk({"role": "assistant", "content": ""}, None)
     sent = 0
-    async with aclosing(_progress(engine, ticket)) as progress:
+    async with aclosing(_progress(sim.engine, ticket)) as progress:
         async for generated in progress:
             new = _words_until(reply, generated)[sent:]
             if new:
