@@ -65,10 +65,10 @@ async def _json_object(request: Request) -> dict[str, Any]:
     return body
 
 
-def _int_field(body: Mapping[str, Any], name: str, minimum: int, default: int | None) -> int | None:
+def _int_field(body: Mapping[str, Any], name: str, minimum: int) -> int | None:
     value = body.get(name)
     if value is None:
-        return default
+        return None
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise BadRequest(f"{name}: expected an integer >= {minimum}, got {value!r}", name)
     return value
@@ -122,10 +122,11 @@ def _parse_generate(sim: "SimWorker", body: dict[str, Any]) -> tuple[Prompt, Rep
     if not isinstance(params, dict):
         raise BadRequest("sampling_params: expected an object", "sampling_params")
     try:
-        max_new = _int_field(params, "max_new_tokens", 0, DEFAULT_GENERATE_TOKENS)
+        max_new = _int_field(params, "max_new_tokens", 0)
     except BadRequest as exc:
         raise BadRequest(f"sampling_params.{exc}", "sampling_params.max_new_tokens") from None
-    assert max_new is not None
+    if max_new is None:
+        max_new = DEFAULT_GENERATE_TOKENS
     _check_fits(sim, prompt, max_new, "sampling_params.max_new_tokens")
     return prompt, text_reply(prompt, max_new), _stream_flag(body)
 
@@ -162,11 +163,11 @@ async def _progress(engine: RealtimeEngine, ticket: Ticket) -> AsyncGenerator[in
             ticket.changed.clear()  # before reading: a change while the consumer holds a value is not lost
             done = ticket.done.is_set()
             generated = ticket.generated
+            if engine.failure is not None:
+                raise EngineFailed(engine.failure)
             if generated > sent or (done and sent == 0):
                 sent = generated
                 yield sent
-            if engine.failure is not None:
-                raise EngineFailed(engine.failure)
             if done:
                 return
             await ticket.changed.wait()
@@ -246,7 +247,7 @@ def _parse_completion(sim: "SimWorker", body: dict[str, Any]) -> tuple[Prompt, R
         prompt = render_ids(field, "prompt")
     else:
         prompt = render_text(field, "prompt")
-    max_tokens = _int_field(body, "max_tokens", 1, DEFAULT_COMPLETION_TOKENS) or DEFAULT_COMPLETION_TOKENS
+    max_tokens = _int_field(body, "max_tokens", 1) or DEFAULT_COMPLETION_TOKENS
     _check_fits(sim, prompt, max_tokens, "max_tokens")
     return prompt, text_reply(prompt, max_tokens), _stream_flag(body)
 
@@ -293,7 +294,7 @@ async def completions(request: Request) -> Response:
 def _parse_chat(sim: "SimWorker", body: dict[str, Any]) -> tuple[Prompt, Reply, bool]:
     _check_single(body)
     prompt = render_chat(body.get("messages"), body.get("tools"))
-    max_tokens = _int_field(body, "max_completion_tokens", 1, None) or _int_field(body, "max_tokens", 1, None)
+    max_tokens = _int_field(body, "max_completion_tokens", 1) or _int_field(body, "max_tokens", 1)
     reply = chat_reply(body, prompt, max_tokens, script_tools=sim.config.script_tools, script_steps=sim.config.script_steps)
     _check_fits(sim, prompt, len(reply.output_ids), "messages")
     return prompt, reply, _stream_flag(body)
