@@ -97,9 +97,13 @@ class SimWorkerThread:
 
         sock = socket.socket(socket.AF_INET6 if ":" in self.config.host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.config.host, self.config.port))
-        self.config = dataclasses.replace(self.config, port=sock.getsockname()[1])
-        app = create_app(self.config)
+        try:
+            sock.bind((self.config.host, self.config.port))
+            self.config = dataclasses.replace(self.config, port=sock.getsockname()[1])
+            app = create_app(self.config)
+        except BaseException:
+            sock.close()
+            raise
         self.sim = app.state.sim
         self._server = server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
         self._thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
