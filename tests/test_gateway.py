@@ -460,3 +460,17 @@ async def test_a_store_that_is_down_or_unusable_never_stops_serving(cluster, tmp
             async def dropped() -> float:
                 return c.metric((await client.get("/metrics")).text, "maitred_dropped_events_total")
             assert await until(dropped) >= 1
+
+
+def test_admission_estimates_learn_each_programs_characters_per_token():
+    from maitred.runtime.service.loop import Runtime
+    from maitred.runtime.service.usage import PromptSize, prompt_size
+
+    runtime = Runtime({})
+    size = prompt_size({"messages": [{"role": "user", "content": "x" * 984}]})
+    assert size == PromptSize(chars=1000) and runtime.estimate_prompt("p", size) == 250   # 4 characters a token
+    runtime.completed("p", request_id="r", worker="w", prompt_tokens=100, completion_tokens=5, cached_tokens=None,
+                      ttft_s=None, ok=True, store=False, size=size)                        # this program: 10 a token
+    assert runtime.estimate_prompt("p", PromptSize(chars=3000)) == 300
+    assert runtime.estimate_prompt("other", PromptSize(chars=3000)) == 750
+    assert runtime.estimate_prompt("p", prompt_size({"input_ids": [1, 2, 3]})) == 3

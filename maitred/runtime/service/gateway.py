@@ -33,7 +33,7 @@ from starlette.responses import Response, StreamingResponse
 from maitred.runtime.service.guard import HTTPProblem, error_response, parse_json_object, read_body
 from maitred.runtime.service.loop import NoWorkerAvailable, Runtime
 from maitred.runtime.service.programid import take_program_id
-from maitred.runtime.service.usage import SSEUsage, Usage, estimate_prompt_tokens, text_prompt, usage_of
+from maitred.runtime.service.usage import PromptSize, SSEUsage, Usage, prompt_size, text_prompt, usage_of
 
 log = logging.getLogger("maitred.service")
 
@@ -64,6 +64,7 @@ class _Call:
     stream: bool
     request_id: str
     injected_usage: bool = False
+    size: PromptSize | None = None
 
 
 class Proxy:
@@ -131,7 +132,8 @@ class Proxy:
         prompt = text_prompt(body)
         if prompt is not None and not call.anonymous:
             runtime.remember_prompt(call.program_id, prompt)
-        estimate = estimate_prompt_tokens(body)
+        size = call.size = prompt_size(body)
+        estimate = runtime.estimate_prompt(call.program_id, size)
         for attempt in range(self.cfg.max_attempts):
             admission = await runtime.admit(call.program_id, request_id=call.request_id, agent=None, model=model,
                                             prompt_tokens=estimate, store=not call.anonymous)
@@ -183,7 +185,7 @@ class Proxy:
         self.runtime.worker_failed(worker, reason=type(exc).__name__)
 
     def _finish(self, call: _Call, worker: str, usage: Usage, ttft_s: float | None, *, ok: bool) -> None:
-        self.runtime.completed(call.program_id, request_id=call.request_id, worker=worker,
+        self.runtime.completed(call.program_id, request_id=call.request_id, worker=worker, size=call.size,
                                prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
                                cached_tokens=usage.cached_tokens, ttft_s=ttft_s, ok=ok, store=not call.anonymous)
         if call.anonymous:

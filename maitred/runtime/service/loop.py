@@ -33,6 +33,7 @@ from maitred.runtime.scheduler import Scheduler, free_after
 from maitred.runtime.service.metrics import Metrics, Tally, program_counts
 from maitred.runtime.service.persist import StoreWriter
 from maitred.runtime.service.sglang import SGLangWorker, WorkerProtocolError
+from maitred.runtime.service.usage import PromptSize
 from maitred.runtime.state import RuntimeState, Snapshot, View
 
 log = logging.getLogger("maitred.service")
@@ -109,6 +110,7 @@ class Runtime:
         self.ratchet: dict[tuple[str, str], int] = {}   # (program, worker) -> highest priority sent
         self._prompts: dict[str, str | list[int]] = {}  # program -> its last text prompt (for warmups)
         self.last_usage: dict[str, tuple[int, int | None]] = {}  # program -> (prompt, cached) tokens of its last answer
+        self._chars_per_token: dict[str, float] = {}  # program -> learned from its answers (admission estimates)
         self._warming: dict[str, asyncio.Task[None]] = {}
         self._tool_labels: set[str] = set()
         self._kick = asyncio.Event()
@@ -304,9 +306,15 @@ class Runtime:
         self.ratchet[key] = max(self.ratchet.get(key, value), value)
         return value
 
+    def estimate_prompt(self, program_id: str, size: PromptSize | None) -> int | None:
+        """Prompt tokens of a request before the worker counts them: what admission weighs it
+        at. A program's own characters-per-token ratio is learned from its answers, so the
+        estimate follows its tokenizer and content (code, prose, other languages)."""
+        return None if size is None else size.estimate(self._chars_per_token.get(program_id))
+
     def completed(self, program_id: str, *, request_id: str, worker: str, prompt_tokens: int | None,
                   completion_tokens: int | None, cached_tokens: int | None, ttft_s: float | None,
-                  ok: bool, store: bool = True) -> None:
+                  ok: bool, store: bool = True, size: PromptSize | None = None) -> None:
         """A request finished: what the worker reported updates the program (its context, and
         what is now cached where) and goes to the store."""
         now = self.clock()
@@ -320,6 +328,8 @@ class Runtime:
         prompt = prompt_tokens if prompt_tokens is not None else (p.context_tokens if p is not None else 0)
         if ok and prompt_tokens is not None:
             self.last_usage[program_id] = (prompt_tokens, cached_tokens)
+            if size is not None and size.tokens is None and size.chars and prompt_tokens:
+                self._chars_per_token[program_id] = size.chars / prompt_tokens
         event = LLMEnd(ts=now, program_id=program_id, request_id=request_id, prompt_tokens=prompt,
                        completion_tokens=completion_tokens or 0, cached_tokens=cached_tokens,
                        worker=worker if ok else None, ttft_s=ttft_s, status="ok" if ok else "error")
@@ -339,6 +349,7 @@ class Runtime:
         self._prompts.pop(program_id, None)
         self._priorities.pop(program_id, None)
         self.last_usage.pop(program_id, None)
+        self._chars_per_token.pop(program_id, None)
         for key in [k for k in self.ratchet if k[0] == program_id]:
             del self.ratchet[key]
 

@@ -46,25 +46,45 @@ def usage_of(body: Any) -> Usage:
     return Usage(_int(source.get("prompt_tokens")), _int(source.get("completion_tokens")), cached)
 
 
-def estimate_prompt_tokens(body: dict[str, Any]) -> int | None:
-    """A rough size of the prompt before the worker tokenises it (about 4 characters a
-    token): the admission weight of a request until its real count comes back."""
-    if isinstance(body.get("input_ids"), list):
-        return len(body["input_ids"])
+#: Characters per token assumed until a program's own ratio is known (English text and code).
+CHARS_PER_TOKEN = 4.0
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSize:
+    """How big a prompt is before the worker tokenises it: ``tokens`` when the request gives
+    token ids, else its length in characters (message contents and a small per-message
+    overhead, counted as characters)."""
+
+    chars: int = 0
+    tokens: int | None = None
+
+    def estimate(self, chars_per_token: float | None) -> int:
+        """Tokens, from the program's own characters-per-token ratio when one was learned
+        (its previous answers), else ``CHARS_PER_TOKEN``."""
+        if self.tokens is not None:
+            return self.tokens
+        return round(self.chars / (chars_per_token or CHARS_PER_TOKEN))
+
+
+def prompt_size(body: dict[str, Any]) -> PromptSize | None:
+    ids = body.get("input_ids")
+    if isinstance(ids, list):
+        return PromptSize(tokens=len(ids))
     messages = body.get("messages")
     if isinstance(messages, list):
         chars = 0
         for m in messages:
             if isinstance(m, dict):
                 content = m.get("content")
-                chars += len(content) if isinstance(content, str) else len(str(content or ""))
-        return chars // 4 + 8 * len(messages)
+                chars += (len(content) if isinstance(content, str) else len(str(content or ""))) + 16
+        return PromptSize(chars=chars)
     for key in ("prompt", "text"):
         value = body.get(key)
         if isinstance(value, str):
-            return len(value) // 4
+            return PromptSize(chars=len(value))
         if isinstance(value, list) and value and all(isinstance(x, int) for x in value):
-            return len(value)
+            return PromptSize(tokens=len(value))
     return None
 
 

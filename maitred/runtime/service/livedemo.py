@@ -1,0 +1,229 @@
+"""The live demo: instrumented agent programs through the gateway to two simulated workers.
+
+Two simulated SGLang workers (the documented stand-in for GPUs) and ``maitred serve`` run on
+127.0.0.1. A few dozen programs from the synthetic Claude-Code-like trace run at once, each in
+its own thread the way an agent would: ``maitred.program`` around the session, a streaming chat
+request per model step (its context growing step by step, its program id in the body), and the
+step's tool calls as ``maitred.tool_call`` blocks that sleep for the traced durations (times
+``time_scale``). The middleware sends the tool events to the gateway, which stores them.
+
+The same workload runs once under ``maitred`` and once under ``round_robin``; GPU memory is
+sized so that only about half of the programs' contexts fit at once, which is where the policy
+matters. What is measured is what a client sees: time to first token and the prompt tokens the
+workers served from cache.
+"""
+
+import statistics
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+import maitred
+from maitred.middleware.emitter import EmitterSettings
+from maitred.runtime.service.app import ServeConfig, build_app
+from maitred.runtime.service.background import BackgroundServer
+from maitred.runtime.service.loop import RuntimeConfig
+from maitred.runtime.service.simworker import SimWorkerConfig, create_app
+from maitred.sim.synthetic import SyntheticSpec, generate
+from maitred.sim.traces import ProgramTrace
+
+
+@dataclass(frozen=True)
+class LiveDemoConfig:
+    programs: int = 32
+    seed: int = 0
+    steps: int = 8                  # the first steps of each traced program
+    time_scale: float = 1.0         # demo seconds per traced tool second
+    engine_speedup: float = 10.0    # the simulated GPUs run this much faster than the profiled one
+    gpu_tokens: int = 120_000       # per worker: about half of the programs' contexts fit in the two
+    cpu_tokens: int = 240_000       # per worker: HiCache host memory, twice the GPU pool
+    hold_timeout_s: float = 10.0
+    policies: tuple[str, ...] = ("maitred", "round_robin")
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.programs <= 200:
+            raise ValueError(f"programs: 1 to 200, got {self.programs}")
+        if self.steps < 1 or self.time_scale <= 0 or self.engine_speedup <= 0:
+            raise ValueError("steps must be at least 1; time_scale and engine_speedup positive")
+
+
+@dataclass
+class RunSummary:
+    policy: str
+    wall_s: float = 0.0
+    ttft_s: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    errors: int = 0
+    tiers: list[tuple[float, dict[str, int]]] = field(default_factory=list)   # (seconds since start, programs per tier)
+    metrics: dict[str, float] = field(default_factory=dict)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def ttft(self, q: float) -> float:
+        ordered = sorted(self.ttft_s)
+        return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
+
+
+def _words(seed: int, n: int) -> str:
+    """``n`` words of four characters, one token each for the simulated worker, and about what
+    a real tokenizer makes of English (so the gateway's estimate before the first answer is sane)."""
+    letter = "abcdefghijklmnopqrstuvwxyz"[seed % 26]
+    return " ".join(f"{letter}{(seed * 7919 + i * 31) % 1000:03d}" for i in range(max(n, 0)))
+
+
+class _Agent:
+    """One traced program replayed against the gateway, as an instrumented agent would run."""
+
+    def __init__(self, index: int, pid: str, trace: ProgramTrace, prefix: dict[str, int], url: str, cfg: LiveDemoConfig,
+                 run: RunSummary, lock: threading.Lock) -> None:
+        self.index = index
+        self.pid, self.trace, self.prefix, self.url, self.cfg, self.run, self.lock = pid, trace, prefix, url, cfg, run, lock
+
+    def __call__(self) -> None:
+        steps = self.trace.steps[:self.cfg.steps]
+        agent = steps[0].agent
+        messages: list[dict[str, Any]] = [{"role": "system", "content": _words(len(agent), self.prefix.get(agent, 0))}]
+        size = self.prefix.get(agent, 0)
+        with httpx.Client(base_url=self.url, timeout=300) as client, maitred.program(self.pid, agent=agent, framework="demo"):
+            for k, step in enumerate(steps):
+                messages.append({"role": "user", "content": _words(self.index * 100 + k, step.input_tokens - size)})
+                reply, size = self._model_step(client, messages, step.output_tokens), step.input_tokens + step.output_tokens
+                messages.append({"role": "assistant", "content": reply})
+                for tool in step.tools:
+                    with maitred.tool_call(tool.name, timeout=tool.deadline_s, signature=tool.signature):
+                        time.sleep(tool.duration_s * self.cfg.time_scale)
+
+    def _model_step(self, client: httpx.Client, messages: list[dict[str, Any]], output_tokens: int) -> str:
+        body = {"model": "sim", "program_id": self.pid, "messages": messages, "max_tokens": max(output_tokens, 1),
+                "stream": True, "stream_options": {"include_usage": True}}
+        started, first, text = time.perf_counter(), None, []
+        usage: dict[str, Any] = {}
+        try:
+            with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                r.raise_for_status()
+                for line in r.iter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    chunk = orjson.loads(line[6:])
+                    for choice in chunk.get("choices") or []:
+                        if first is None:
+                            first = time.perf_counter() - started
+                        text.append(choice.get("delta", {}).get("content") or "")
+                    usage = chunk.get("usage") or usage
+        except httpx.HTTPError:
+            with self.lock:
+                self.run.errors += 1
+            return ""
+        with self.lock:
+            if first is not None:
+                self.run.ttft_s.append(first)
+            self.run.prompt_tokens += usage.get("prompt_tokens", 0)
+            self.run.cached_tokens += (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        return "".join(text)
+
+
+def _sample_tiers(url: str, run: RunSummary, started: float, stop: threading.Event) -> None:
+    with httpx.Client(base_url=url, timeout=10) as client:
+        while not stop.wait(0.5):
+            try:
+                tiers = Counter(p["tier"] for p in client.get("/v1/programs").json())
+            except httpx.HTTPError:
+                continue
+            run.tiers.append((time.monotonic() - started, {t: tiers.get(t, 0) for t in ("gpu", "cpu", "waiting")}))
+
+
+def _metric(text: str, prefix: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def run_policy(policy: str, cfg: LiveDemoConfig, db_url: str | None, progress: Callable[[str], None] = print) -> RunSummary:
+    trace = generate(SyntheticSpec(programs=cfg.programs, seed=cfg.seed, min_steps=cfg.steps, max_steps=cfg.steps + 20))
+    run = RunSummary(policy)
+    sim = SimWorkerConfig(gpu_tokens=cfg.gpu_tokens, cpu_tokens=cfg.cpu_tokens, time_scale=cfg.engine_speedup,
+                          radix_eviction_policy="priority")
+    with BackgroundServer(create_app(sim)) as w0, BackgroundServer(create_app(sim)) as w1:
+        runtime = RuntimeConfig(policy=policy, hold_timeout_s=cfg.hold_timeout_s, priority=True)
+        gateway = build_app(ServeConfig([w0.url, w1.url], db_url=db_url, runtime=runtime, wait_for_workers_s=30))
+        with BackgroundServer(gateway.app) as server:
+            maitred.configure(runtime_url=server.url, settings=EmitterSettings(interval_s=0.05))
+            lock, stop = threading.Lock(), threading.Event()
+            started = time.monotonic()
+            sampler = threading.Thread(target=_sample_tiers, args=(server.url, run, started, stop), daemon=True)
+            sampler.start()
+            agents = [threading.Thread(target=_Agent(i, f"{policy}-{i}", p, trace.prefix_tokens, server.url, cfg, run, lock),
+                                       name=f"agent-{i}") for i, p in enumerate(trace.programs)]
+            progress(f"{policy}: {len(agents)} programs through the gateway to 2 simulated workers ...")
+            for a in agents:
+                a.start()
+            for a in agents:
+                a.join()
+            run.wall_s = time.monotonic() - started
+            stop.set()
+            sampler.join()
+            maitred.flush(timeout=10)
+            with httpx.Client(base_url=server.url, timeout=30) as client:
+                text = client.get("/metrics").text
+                run.tools = client.get("/v1/stats/tools").json()["tools"]
+            for name in ("maitred_forced_admissions_total", "maitred_tier_moves_total", "maitred_warmups_total",
+                         "maitred_queue_wait_seconds_sum", "maitred_queue_wait_seconds_count"):
+                run.metrics[name] = _metric(text, name)
+            run.metrics["held"] = run.metrics["maitred_queue_wait_seconds_count"] - _metric(
+                text, 'maitred_queue_wait_seconds_bucket{le="0.001"}')
+    return run
+
+
+def run_live_demo(cfg: LiveDemoConfig, db_url: str | None, png: Path | None,
+                  progress: Callable[[str], None] = print) -> list[RunSummary]:
+    runs = [run_policy(policy, cfg, db_url, progress) for policy in cfg.policies]
+    if png is not None:
+        write_png(runs, png)
+    return runs
+
+
+def summary_rows(runs: list[RunSummary]) -> list[dict[str, Any]]:
+    return [{
+        "policy": r.policy, "requests": len(r.ttft_s), "errors": r.errors, "wall_s": round(r.wall_s, 1),
+        "ttft_mean_s": round(statistics.fmean(r.ttft_s), 3) if r.ttft_s else None,
+        "ttft_p95_s": round(r.ttft(0.95), 3), "cache_hit_rate": round(r.hit_rate, 3),
+        "held_requests": int(r.metrics.get("held", 0)),
+        "forced_admissions": int(r.metrics.get("maitred_forced_admissions_total", 0)),
+        "tier_moves": int(r.metrics.get("maitred_tier_moves_total", 0)),
+        "warmups": int(r.metrics.get("maitred_warmups_total", 0)),
+    } for r in runs]
+
+
+def write_png(runs: list[RunSummary], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    tiered = next((r for r in runs if r.policy == "maitred"), runs[0])
+    if tiered.tiers:
+        t = [x for x, _ in tiered.tiers]
+        stacks = [[c[tier] for _, c in tiered.tiers] for tier in ("gpu", "cpu", "waiting")]
+        axes[0].stackplot(t, stacks, labels=["GPU", "host (CPU)", "dropped (waiting)"], alpha=0.85)
+        axes[0].legend(loc="upper right")
+    axes[0].set(title=f"{tiered.policy}: programs per tier", xlabel="seconds", ylabel="programs")
+    for r in runs:
+        ordered = sorted(r.ttft_s)
+        if ordered:
+            axes[1].plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))],
+                         label=f"{r.policy} (mean {statistics.fmean(ordered):.2f} s, cache hits {r.hit_rate:.0%})")
+    axes[1].set(title="time to first token", xlabel="seconds", ylabel="share of requests", xscale="log")
+    axes[1].legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
