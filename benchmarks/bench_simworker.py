@@ -10,7 +10,9 @@ and measures, over loopback:
   any gateway benchmark run against it;
 - timing fidelity: at ``--time-scale 1``, wall-clock latency of ``/generate`` requests against
   the engine time the worker reports (``meta_info.e2e_latency``): the median overhead in ms and
-  the median ratio wall / engine (1.0 is perfect).
+  the median ratio wall / engine (1.0 is perfect);
+- ``--streams`` concurrent streaming chat requests (50 tokens each, ``--time-scale 10``): how
+  many complete, in how long.
 
 Last line: one JSON object.
 """
@@ -74,6 +76,19 @@ async def throughput(url: str, requests: int, concurrency: int) -> dict[str, flo
             "p99_ms": 1e3 * latencies[int(len(latencies) * 0.99)]}
 
 
+async def streams(url: str, n: int) -> dict[str, float]:
+    async def one(client: httpx.AsyncClient, i: int) -> bool:
+        body = {"messages": [{"role": "user", "content": f"request {i} " + "x " * 100}], "max_tokens": 50, "stream": True}
+        async with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
+            lines = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+        return lines[-1] == "data: [DONE]"
+
+    async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=n + 10)) as client:
+        began = time.perf_counter()
+        done = await asyncio.gather(*(one(client, i) for i in range(n)))
+        return {"streams": n, "streams_completed": sum(done), "streams_s": time.perf_counter() - began}
+
+
 def fidelity(url: str, samples: int = 30) -> dict[str, float]:
     overheads, ratios, engines = [], [], []
     with httpx.Client(timeout=60) as client:
@@ -94,17 +109,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--streams", type=int, default=1000)
     args = parser.parse_args()
     figures: dict[str, Any] = {"concurrency": args.concurrency}
-    for scale, measure in ((10_000.0, "throughput"), (1.0, "fidelity")):
+    for scale, measure in ((10_000.0, "throughput"), (1.0, "fidelity"), (10.0, "streams")):
         port = free_port()
         proc = start(port, scale)
         try:
             url = f"http://127.0.0.1:{port}"
             if measure == "throughput":
                 figures.update(asyncio.run(throughput(url, args.requests, args.concurrency)))
-            else:
+            elif measure == "fidelity":
                 figures.update(fidelity(url))
+            else:
+                figures.update(asyncio.run(streams(url, args.streams)))
         finally:
             proc.terminate()
             proc.wait(30)
