@@ -679,3 +679,25 @@ def test_a_long_running_worker_forgets_conversations_it_holds_no_kv_for() -> Non
 
     held, conversations, segments = asyncio.run(run())
     assert held <= 2 * 5_000 + 403 and conversations < 30 and segments == conversations
+
+
+def test_conversation_index_follows_a_radix_caches_view_of_prompts() -> None:
+    from maitred.runtime.service.simworker_engine import ConversationIndex
+    from maitred.runtime.service.simworker_tokens import Prompt
+
+    index = ConversationIndex()
+    a1 = Prompt(list(range(100, 140)), 0, "")
+    a = index.resolve(a1, busy=())
+    index.record(a, "", a1.ids + [7, 8])
+    assert index.resolve(Prompt(a1.ids + [7, 8, 9, 10], 0, ""), busy=()) == a      # extends prompt + output
+    assert index.resolve(Prompt(a1.ids[:20], 0, ""), busy=()) == a                 # a prefix of it (a retry)
+    assert index.resolve(Prompt(a1.ids[:30] + [1, 2, 3], 0, ""), busy=()) != a     # diverges: a new conversation
+    assert index.resolve(Prompt(a1.ids + [7, 8, 9], 0, ""), busy={a}) != a          # a is mid-request: a fork
+    assert index.resolve(Prompt(a1.ids + [7, 8, 9], 0, "other-agent"), busy=()) != a
+    short = Prompt([5, 6, 7], 0, "")
+    s = index.resolve(short, busy=())
+    index.record(s, "", short.ids + [1])
+    assert index.resolve(Prompt([5, 6, 7, 1, 9], 0, ""), busy=()) == s             # shorter than a page
+    index.forget(a)
+    assert index.resolve(Prompt(a1.ids + [7, 8, 9], 0, ""), busy=()) != a
+    assert index.tokens_held == 4
