@@ -81,7 +81,7 @@ class Scheduler:
         warmups = tuple(w for w in decision.warmups if w.worker in healthy and w.program_id in live)
         kept = {a.program_id for a in assignments}
         dropped = {a.program_id for a in decision.assignments} - kept
-        admitted = frozenset(pid for pid in decision.admitted - dropped if pid in live and live[pid].home_worker is not None)
+        admitted = frozenset(live.keys() & (decision.admitted - dropped))  # in C: a step may admit 10,000
         return replace(decision, tier_moves=moves, assignments=assignments, warmups=warmups, admitted=admitted,
                        held=decision.held | dropped)
 

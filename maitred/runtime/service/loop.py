@@ -106,7 +106,7 @@ class Runtime:
         self.steps_failed = 0
         self._held: dict[str, list[_Held]] = {}
         self._health = {url: _WorkerHealth() for url in self.backends}
-        self._priorities: dict[str, int] = {}
+        self._priorities: Mapping[str, int] = {}
         self.ratchet: dict[tuple[str, str], int] = {}   # (program, worker) -> highest priority sent
         self._prompts: dict[str, str | list[int]] = {}  # program -> its last text prompt (for warmups)
         self.last_usage: dict[str, tuple[int, int | None]] = {}  # program -> (prompt, cached) tokens of its last answer
@@ -347,7 +347,6 @@ class Runtime:
 
     def _forget(self, program_id: str) -> None:
         self._prompts.pop(program_id, None)
-        self._priorities.pop(program_id, None)
         self.last_usage.pop(program_id, None)
         self._chars_per_token.pop(program_id, None)
         for key in [k for k in self.ratchet if k[0] == program_id]:
@@ -436,7 +435,7 @@ class Runtime:
             self.metrics.voided.inc(voided)
             self._voided_seen = self.scheduler.voided
         self.decision = applied
-        self._priorities = {pid: int(v) for pid, v in applied.priorities.items()}
+        self._priorities = applied.priorities
         for move in applied.tier_moves:
             if not move.lazy:
                 self.metrics.tier_moves.labels(move.dst.value).inc()
