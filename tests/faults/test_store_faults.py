@@ -112,3 +112,10 @@ def test_a_read_only_database_reads_and_names_its_path_when_written(tmp_path):
         with pytest.raises(StoreUnavailable, match=f"^database is read-only: {path} "):
             store.write(batch_events("w", 1, 100))
         assert len(store.events()) == 100
+
+
+def test_a_database_in_a_missing_directory_is_named(tmp_path):
+    path = tmp_path / "no" / "such" / "dir" / "x.db"
+    with pytest.raises(StoreUnavailable, match=f"^cannot open database: {path} \\(unable to open database file\\)$"):
+        SessionStore(str(path))
+    assert not (tmp_path / "no").exists()
