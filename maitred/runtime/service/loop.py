@@ -51,7 +51,10 @@ class RuntimeConfig:
     policy: str = "maitred"
     tick_s: float = 1.0              # periodic scheduler step
     min_gap_s: float = 0.01          # event-driven steps closer than this are coalesced
-    hold_timeout_s: float = 60.0     # bounded wait of a held request before forced admission
+    # Bounded wait of a held request before forced admission. Short on purpose: the policies
+    # do not displace an idle GPU-tier program for a held one, so under memory pressure a held
+    # request often waits the whole bound, and every second of it is time to first token.
+    hold_timeout_s: float = 5.0
     poll_s: float = 1.0              # worker health and load polling
     fail_after: int = 3              # failed health checks in a row before a worker is declared down
     priority: bool = False           # set SGLang's request priority (--radix-eviction-policy priority)

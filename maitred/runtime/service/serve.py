@@ -104,8 +104,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=None,
                         help="bearer token required on ingest and admin endpoints (default: $MAITRED_TOKEN)")
     parser.add_argument("--tick", type=_seconds, default=1.0, help="scheduler period in seconds (default: 1)")
-    parser.add_argument("--hold-timeout", type=_seconds, default=60.0,
-                        help="longest a request is held before it is let through anyway (default: 60 s)")
+    parser.add_argument("--hold-timeout", type=_seconds, default=5.0,
+                        help="longest a request is held before it is let through anyway (default: 5 s)")
     parser.add_argument("--priority", action="store_true",
                         help="send SGLang request priorities (for --radix-eviction-policy priority; on with --launch-sglang)")
     parser.add_argument("--no-warmups", action="store_true", help="never send prefill-only warmups")
