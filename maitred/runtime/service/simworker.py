@@ -10,9 +10,12 @@ integrations and the demo run end to end on a machine without a GPU. With ``--sc
 a chat request that offers ``tools`` gets deterministic tool calls for a few steps and then a
 final answer, so agent frameworks can run their loops through it.
 
-This module holds only the configuration and the command line, and imports nothing heavy at
-import time (the ``maitred`` command builds every subcommand's parser on every call); the
-server itself is in ``simworker_app``.
+This module holds the configuration, the command line and ``SimWorkerThread``, and imports
+nothing heavy at import time (the ``maitred`` command builds every subcommand's parser on every
+call). The server is in the ``simworker_*`` modules beside it: ``_app`` (state, information
+endpoints), ``_generation`` (generation endpoints), ``_engine`` (the engine model against the
+wall clock, and which program a prompt belongs to), ``_tokens``, ``_replies``, ``_metrics`` and
+``_kv_events`` (optional KV-event publishing, ``--kv-events-config``).
 """
 
 import argparse

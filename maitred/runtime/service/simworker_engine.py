@@ -9,10 +9,11 @@ The engine model thinks in programs and agents; an HTTP server sees only prompts
 ``ConversationIndex`` maps one onto the other the way a radix cache would see it: a request
 continues the conversation whose cached sequence (previous prompt plus its output) it extends
 — found through the hash chain of its 16-token pages, or for sequences shorter than a page
-through their whole — and every other request starts a new one. Programs of one agent share its prefix (system prompt and tool definitions). A request
-that only partly matches a conversation (an edited history, two programs with the same first
-message) starts a new conversation and is credited with the agent prefix only: the double
-under-reports such hits rather than inventing ones a radix tree would not have.
+through their whole — and every other request starts a new one. Programs of one agent share
+its prefix (system prompt and tool definitions). A request that only partly matches a
+conversation (an edited history, two programs with the same first message) starts a new
+conversation and is credited with the agent prefix only: the double under-reports such hits
+rather than inventing ones a radix tree would not have.
 """
 
 import asyncio
