@@ -412,11 +412,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="profile JSON to write")
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
 
+    _add_plugged(sub)
+
     p = add("demo", cmd_demo, "run an instrumented multi-agent workload into SQLite and show its statistics")
     p.add_argument("--db-file", default="maitred-demo.db", help="SQLite file to (re)create; only ever replaces an earlier demo's")
     p.add_argument("--programs", type=_whole(1, MAX_DEMO_PROGRAMS), default=6, help="agent programs (threads) to run")
     p.add_argument("--seed", type=int, default=0)
     return parser
+
+
+def _add_plugged(sub: Any) -> None:
+    """Commands whose code lives with the runtime service and the integrations. Their modules
+    import only the standard library at top level (FastAPI, uvicorn and the engine load inside
+    ``run``), own their flags, defaults and error messages, and are called as they are."""
+    from maitred.integrations import claude_code
+    from maitred.runtime.service import serve, simworker
+
+    def plug(parent: Any, name: str, help: str, add_arguments: Callable[[argparse.ArgumentParser], None],
+             run: Callable[[argparse.Namespace], int]) -> None:
+        p = parent.add_parser(name, help=help, description=help)
+        add_arguments(p)
+        p.set_defaults(func=run, plugged=True)
+
+    plug(sub, "serve", "the gateway in front of SGLang workers (OpenAI-compatible, with the scheduler)",
+         serve.add_arguments, serve.run)
+    plug(sub, "sglang-args", "print the SGLang launch lines maitred relies on, one per GPU",
+         serve.add_sglang_args_arguments, serve.run_sglang_args)
+    plug(sub, "sim-worker", "a simulated SGLang server for tests and demos (no GPU; never a model)",
+         simworker.add_arguments, simworker.run)
+    hook = sub.add_parser("hook", help="agent hooks").add_subparsers(dest="what", required=True, metavar="WHAT")
+    plug(hook, "claude-code", "record one Claude Code hook payload read on stdin (always exits 0)",
+         claude_code.add_arguments, claude_code.run)
 
 
 def _default_db() -> str:
@@ -429,6 +455,8 @@ def _default_db() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "plugged", False):
+        return int(args.func(args))
     try:
         if "db" in vars(args) and args.db is None:
             args.db = _default_db()
