@@ -4,7 +4,8 @@ Per-call overhead: instrumented minus bare, sync and async, same run. The emitte
 sink that discards batches so the figure is the caller's cost (building and queueing two
 events), which is what the agent pays; delivery happens on the emitter's thread. Medians over
 many rounds of ``--calls`` calls each, interleaving bare and instrumented rounds so machine noise
-hits both alike.
+hits both alike. ``added_cpu_us_*`` is the same difference in the calling thread's CPU time,
+which a machine shared with other work does not inflate (wall time includes being descheduled).
 
 End to end: ``--e2e-calls`` back-to-back calls of a no-op ``@maitred.tool`` with default
 settings into a fresh SQLite file and a fresh PostgreSQL schema (``--postgres`` or
@@ -48,18 +49,23 @@ async def abare(x: int) -> int:
     return x + 1
 
 
-def per_call_us(fn, calls: int) -> float:
-    began = time.perf_counter()
+def per_call_us(fn, calls: int) -> tuple[float, float]:
+    """(wall, this thread's CPU) microseconds per call."""
+    began, cpu = time.perf_counter(), time.thread_time()
     for i in range(calls):
         fn(i)
-    return (time.perf_counter() - began) / calls * 1e6
+    return (time.perf_counter() - began) / calls * 1e6, (time.thread_time() - cpu) / calls * 1e6
 
 
-async def aper_call_us(fn, calls: int) -> float:
-    began = time.perf_counter()
+async def aper_call_us(fn, calls: int) -> tuple[float, float]:
+    began, cpu = time.perf_counter(), time.thread_time()
     for i in range(calls):
         await fn(i)
-    return (time.perf_counter() - began) / calls * 1e6
+    return (time.perf_counter() - began) / calls * 1e6, (time.thread_time() - cpu) / calls * 1e6
+
+
+def added(instrumented: tuple[float, float], plain: tuple[float, float]) -> tuple[float, float]:
+    return instrumented[0] - plain[0], instrumented[1] - plain[1]
 
 
 def overhead(rounds: int, calls: int) -> dict[str, float]:
@@ -69,15 +75,20 @@ def overhead(rounds: int, calls: int) -> dict[str, float]:
     loop = asyncio.new_event_loop()
     with maitred.program("bench", agent="bench"):
         for _ in range(rounds):
-            added_sync.append(per_call_us(inst, calls) - per_call_us(bare, calls))
-            added_async.append(
-                loop.run_until_complete(aper_call_us(ainst, calls)) - loop.run_until_complete(aper_call_us(abare, calls))
-            )
+            added_sync.append(added(per_call_us(inst, calls), per_call_us(bare, calls)))
+            added_async.append(added(
+                loop.run_until_complete(aper_call_us(ainst, calls)), loop.run_until_complete(aper_call_us(abare, calls)),
+            ))
     loop.close()
     maitred.shutdown()
-    print(f"overhead: rounds={rounds} calls/round={calls}; p90 sync {statistics.quantiles(added_sync, n=10)[-1]:.2f} us, "
-          f"p90 async {statistics.quantiles(added_async, n=10)[-1]:.2f} us")
-    return {"added_us_sync": round(statistics.median(added_sync), 2), "added_us_async": round(statistics.median(added_async), 2)}
+    wall_sync, cpu_sync = zip(*added_sync)
+    wall_async, cpu_async = zip(*added_async)
+    print(f"overhead: rounds={rounds} calls/round={calls}; p90 sync {statistics.quantiles(wall_sync, n=10)[-1]:.2f} us, "
+          f"p90 async {statistics.quantiles(wall_async, n=10)[-1]:.2f} us")
+    return {
+        "added_us_sync": round(statistics.median(wall_sync), 2), "added_us_async": round(statistics.median(wall_async), 2),
+        "added_cpu_us_sync": round(statistics.median(cpu_sync), 2), "added_cpu_us_async": round(statistics.median(cpu_async), 2),
+    }
 
 
 def end_to_end(url: str, calls: int) -> tuple[float, int]:
