@@ -14,6 +14,8 @@ from typing import Any
 import orjson
 
 from maitred.events import (
+    INT64_MAX,
+    INT64_MIN,
     Event,
     EventError,
     Handoff,
@@ -51,10 +53,6 @@ def event_key(ts: float, body: str) -> str:
     the unique index nearly sequential (events arrive roughly in time order); a bare random hash
     made every insert land on a random index page and cut SQLite ingest by two thirds."""
     return f"{ts:017.6f}{hashlib.sha1(body.encode()).hexdigest()[:23]}"
-
-
-#: What a 64-bit integer column holds (SQLite INTEGER, PostgreSQL BIGINT).
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass
