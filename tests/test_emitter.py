@@ -1,3 +1,4 @@
+import json
 import logging
 import re
 import threading
@@ -228,3 +229,34 @@ def test_http_sink_to_a_closed_port_raises_for_the_emitter_to_retry():
     with pytest.raises(httpx.ConnectError):
         sink.send([event(0)])
     sink.close()
+
+
+def test_http_sink_counts_a_request_the_runtime_refuses_and_still_sends_the_rest():
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    accepted: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+            refused = any(e["call_id"] == "c3" for e in body)
+            if not refused:
+                accepted.extend(body)
+            self.send_response(400 if refused else 200)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"error": {"message": "no valid event in the batch"}}' if refused else b'{"accepted": 1}')
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        sink = HttpSink(f"http://127.0.0.1:{httpd.server_address[1]}", max_events_per_request=2)
+        assert sink.send([event(i) for i in range(6)]) == 2  # the request holding c2 and c3
+        sink.close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert [e["call_id"] for e in accepted] == ["c0", "c1", "c4", "c5"]
