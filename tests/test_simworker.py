@@ -354,12 +354,15 @@ def test_a_stream_the_client_drops_is_aborted() -> None:
         assert _chat(httpx.Client(), w.url, [{"role": "user", "content": "next"}], max_tokens=3)["usage"]["completion_tokens"] == 3
 
 
-def test_streamed_tool_calls_arrive_whole(worker: SimWorkerThread) -> None:
+def test_streamed_tool_calls_come_as_sglang_sends_them(worker: SimWorkerThread) -> None:
+    """Id and name first, then the arguments with no id or name; a client joins them."""
+    messages = [{"role": "user", "content": "list files"}]
     with httpx.Client() as client:
-        events = _sse(client, worker.url + "/v1/chat/completions",
-                      {"messages": [{"role": "user", "content": "list files"}], "tools": TOOLS, "stream": True})
-    calls = [c["choices"][0]["delta"]["tool_calls"] for c in events[:-1] if c["choices"][0]["delta"].get("tool_calls")]
-    assert len(calls) == 1 and calls[0][0]["function"]["name"] == "bash"
+        events = _sse(client, worker.url + "/v1/chat/completions", {"messages": messages, "tools": TOOLS, "stream": True})
+        whole = _chat(client, worker.url, messages, tools=TOOLS)["choices"][0]["message"]["tool_calls"][0]
+    deltas = [c["choices"][0]["delta"]["tool_calls"][0] for c in events[:-1] if c["choices"][0]["delta"].get("tool_calls")]
+    assert [(d["id"] is not None, d["function"]["name"]) for d in deltas] == [(True, "bash"), (False, None)]
+    assert deltas[0]["id"] == whole["id"] and "".join(d["function"]["arguments"] for d in deltas) == whole["function"]["arguments"]
     assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"
 
 
@@ -416,11 +419,13 @@ def test_a_langchain_agent_runs_its_tool_loop_against_the_sim_worker(worker: Sim
         calls.append(("read", path))
         return "contents"
 
-    model = ChatOpenAI(base_url=worker.url + "/v1", api_key="sim", model="maitred-sim-worker")
-    agent = create_agent(model, tools=[grep, read], system_prompt="You search code.")
-    out = agent.invoke({"messages": [{"role": "user", "content": "find the bug"}]})
-    assert calls == [("grep", "pattern-0"), ("read", "path-1"), ("grep", "pattern-2")]
-    assert out["messages"][-1].content == "Finished after 3 tool calls ."
+    for streaming in (False, True):  # streamed tool calls are joined by the client
+        calls.clear()
+        model = ChatOpenAI(base_url=worker.url + "/v1", api_key="sim", model="maitred-sim-worker", streaming=streaming)
+        agent = create_agent(model, tools=[grep, read], system_prompt="You search code.")
+        out = agent.invoke({"messages": [{"role": "user", "content": f"find the bug (streaming={streaming})"}]})
+        assert calls == [("grep", "pattern-0"), ("read", "path-1"), ("grep", "pattern-2")]
+        assert out["messages"][-1].content == "Finished after 3 tool calls ."
 
 
 def test_an_openai_agents_sdk_agent_runs_its_tool_loop_against_the_sim_worker(worker: SimWorkerThread) -> None:

@@ -339,8 +339,11 @@ async def _chat_events(sim: "SimWorker", ticket: Ticket, reply: Reply, body: Map
             if new:
                 yield chunk({"content": ("" if sent == 0 else " ") + " ".join(new)}, None)
                 sent += len(new)
-    if reply.tool_calls:
-        yield chunk({"tool_calls": reply.tool_calls}, None)
+    for call in reply.tool_calls or []:  # as SGLang streams them: id and name first, then the arguments
+        function = call["function"]
+        yield chunk({"tool_calls": [{**call, "function": {"name": function["name"], "arguments": ""}}]}, None)
+        yield chunk({"tool_calls": [{"id": None, "index": call["index"], "type": "function",
+                                     "function": {"name": None, "arguments": function["arguments"]}}]}, None)
     yield chunk({}, reply.finish_reason)
     if _include_usage(body):
         yield _sse({**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage(ticket)})
