@@ -407,8 +407,9 @@ def _parse_each(texts: list[str], what: str, now: float | None) -> Batch:
     return batch
 
 
-#: A JSON string (escapes included), or a bracket, brace or comma outside strings.
-_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},]')
+#: A JSON string (escapes included; an unterminated one runs to the end, so that scanning stays
+#: linear), or a bracket, brace or comma outside strings.
+_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{},]', re.DOTALL)
 
 
 def _array_elements(text: str) -> list[str]:

@@ -217,3 +217,9 @@ def test_events_built_in_process_are_checked_like_their_wire_form(data, field, w
     assert in_process.value.field == wire.value.field and words in str(in_process.value)
     for example in EXAMPLES:
         check_event(decode_event(example, now=NOW), now=NOW)
+
+
+@pytest.mark.timeout(30)  # a guard: scanning used to be quadratic in the escaped quotes of an unterminated string
+def test_an_unterminated_string_full_of_escaped_quotes_is_refused_in_linear_time():
+    with pytest.raises(EventError, match="body: invalid JSON array: its brackets never close"):
+        loads_batch('[{"a": 1}, "' + '\\"' * 1_000_000, now=NOW)
