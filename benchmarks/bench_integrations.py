@@ -1,13 +1,14 @@
 """Integration overheads: the Claude Code command hook's latency, and MaitredMiddleware's cost
 inside a LangGraph agent.
 
-1. Command hook: wall time from process start to exit of ``python -m
-   maitred.integrations.claude_code`` fed one PreToolUse payload (Python start-up included),
+1. Command hook: wall time from process start to exit of ``maitred hook claude-code`` (what
+   ``examples/claude_code/settings.json`` runs) and of ``python -m
+   maitred.integrations.claude_code``, fed one PreToolUse payload (Python start-up included),
    median and p90 over ``--hook-runs`` runs, with the runtime up (a gateway on simulated
    workers, the events POSTed to it), with the runtime down (connection refused, one line,
-   exit), and without a runtime (the store write handed to a detached process). The same with a
-   *bare* ``maitred`` package (its ``__init__`` not run, as a lazy ``maitred/__init__.py`` would
-   make it) shows what the hook itself costs apart from the package's eager imports.
+   exit), and without a runtime (the store write handed to a detached process). A bare
+   ``python -c pass`` in the same run is the floor: on a shared machine it shows how much the
+   load inflates every figure.
 2. Middleware: one ``create_agent`` agent on a scripted chat model (each step one model call and
    one tool call), run with and without ``MaitredMiddleware`` in alternation; events go through
    the real emitter to a sink that counts them. Reported: the middleware's own time per tool
@@ -33,18 +34,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
 PAYLOAD = json.dumps({
     "session_id": "bench-session", "transcript_path": "/tmp/t.jsonl", "cwd": "/tmp", "permission_mode": "default",
     "hook_event_name": "PreToolUse", "tool_name": "Bash", "tool_use_id": "toolu_bench",
     "tool_input": {"command": "pytest -x tests", "timeout": 120000},
 })
-#: Runs the hook module with ``maitred`` registered as a bare package, so its ``__init__`` (which
-#: imports the whole middleware eagerly today) does not run: the cost a lazy ``__init__`` leaves.
-BARE = (
-    "import sys, types, runpy; p = types.ModuleType('maitred'); p.__path__ = [{path!r}]; sys.modules['maitred'] = p; "
-    "runpy.run_module('maitred.integrations.claude_code', run_name='__main__')"
-)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -68,8 +62,8 @@ def bench_hook(runs: int) -> dict[str, Any]:
     from maitred.runtime.service.background import free_port
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("MAITRED_")}
+    cli = [str(Path(sys.executable).with_name("maitred")), "hook", "claude-code"]
     module = [sys.executable, "-m", "maitred.integrations.claude_code"]
-    bare = [sys.executable, "-c", BARE.format(path=str(ROOT / "maitred"))]
     out: dict[str, Any] = {"python_startup": time_process([sys.executable, "-c", "pass"], base, runs),
                            "import_maitred": time_process([sys.executable, "-c", "import maitred"], base, runs)}
     down = {**base, "MAITRED_URL": f"http://127.0.0.1:{free_port()}"}
@@ -77,7 +71,7 @@ def bench_hook(runs: int) -> dict[str, Any]:
         store = {**base, "MAITRED_DB": f"sqlite:///{folder}/hooks.db"}
         with local_cluster(script_tools=False) as cluster:
             up = {**base, "MAITRED_URL": cluster.gateway_url}
-            for name, argv in (("as_shipped", module), ("bare_package", bare)):
+            for name, argv in (("maitred_hook_claude_code", cli), ("python_m_module", module)):
                 out[name] = {
                     "runtime_up": time_process(argv, up, runs),
                     "runtime_down": time_process(argv, down, runs),
