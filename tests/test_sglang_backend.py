@@ -244,6 +244,12 @@ class FixtureServer:
             self.generate_bodies.append(await request.json())
             return GENERATE_RESPONSE
 
+        @app.post("/v1/tokenize")
+        async def tokenize(request: Request) -> dict[str, Any]:
+            # entrypoints/openai/serving_tokenize.py: TokenizeResponse
+            self.generate_bodies.append(await request.json())
+            return {"tokens": [151644, 8948, 198, 2610, 525], "count": 5, "max_model_len": 32768}
+
         self.port = free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
@@ -277,12 +283,14 @@ def test_client_reads_fixture_shapes_and_falls_back_to_the_deprecated_server_inf
             assert await worker.warmup([1, 2, 3], priority=5) == 1024
             assert await worker.warmup("some text") == 1024
             assert await worker.kv_event_endpoints() == []
+            assert await worker.tokenize([{"role": "user", "content": "hi"}]) == [151644, 8948, 198, 2610, 525]
 
     with FixtureServer(new_server_info=False) as server:
         asyncio.run(check(server.url))
         assert server.generate_bodies == [
             {"sampling_params": {"max_new_tokens": 0}, "input_ids": [1, 2, 3], "priority": 5},
             {"sampling_params": {"max_new_tokens": 0}, "text": "some text"},
+            {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": False},
         ]
 
 

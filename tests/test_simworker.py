@@ -130,6 +130,43 @@ def test_generate_prefill_only_and_cached_tokens_details(worker: SimWorkerThread
     assert ids["meta_info"]["prompt_tokens"] == 40 and "cached_tokens_details" not in ids["meta_info"]
 
 
+def test_tokenize_renders_messages_as_the_chat_endpoint_does(worker: SimWorkerThread) -> None:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "rename the module"}]
+    with httpx.Client() as client:
+        chat = _chat(client, worker.url, messages, tools=TOOLS, tool_choice="none")
+        as_chat = client.post(worker.url + "/v1/tokenize", json={"messages": messages, "tools": TOOLS}).json()
+        given = client.post(worker.url + "/tokenize", json={"messages": messages, "tools": TOOLS,
+                                                             "add_generation_prompt": False}).json()
+        text = client.post(worker.url + "/v1/tokenize", json={"prompt": ["one two", "three"]}).json()
+        both = client.post(worker.url + "/v1/tokenize", json={"prompt": "x", "messages": messages})
+    assert as_chat["count"] == len(as_chat["tokens"]) == chat["usage"]["prompt_tokens"]
+    assert given["tokens"] == as_chat["tokens"][:-2] and given["max_model_len"] == 131_072
+    assert text["count"] == [2, 1]
+    assert both.status_code == 400 and both.json()["message"].startswith("prompt")
+
+
+def test_a_chat_prefix_warmed_through_tokenize_and_generate_is_found_by_the_next_request(worker: SimWorkerThread) -> None:
+    """The gateway's pre-prefill: tokenize the messages the next request will carry, send them
+    as ``input_ids`` with ``max_new_tokens: 0``; the chat request that follows finds them cached."""
+    import asyncio
+
+    from maitred.runtime.service.sglang import SGLangWorker
+
+    shared = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _words("handoff", 300)}]
+
+    async def warm() -> tuple[int, int | None]:
+        async with httpx.AsyncClient() as client:
+            backend = SGLangWorker(worker.url, client)
+            ids = await backend.tokenize(shared, tools=TOOLS)
+            return len(ids), await backend.warmup(ids, priority=3)
+
+    warmed, cached_before = asyncio.run(warm())
+    with httpx.Client() as client:
+        reply = _chat(client, worker.url, shared + [{"role": "user", "content": "take over"}], tools=TOOLS, tool_choice="none")
+    assert cached_before == 0
+    assert reply["usage"]["prompt_tokens_details"]["cached_tokens"] == warmed
+
+
 # -- caching and eviction --------------------------------------------------------------------
 
 def test_a_programs_next_step_reports_its_previous_prompt_and_output_as_cached(worker: SimWorkerThread) -> None:
@@ -499,6 +536,8 @@ def test_without_script_tools_a_tools_request_gets_plain_text() -> None:
     ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens"),
     ("/generate", {"text": "x", "sampling_params": [1]}, "sampling_params"),
     ("/generate", {"input_ids": [1, "two"]}, "input_ids"),
+    ("/v1/tokenize", {"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": "no"}, "add_generation_prompt"),
+    ("/v1/tokenize", {"prompt": [1, 2]}, "prompt"),
 ])
 def test_bad_input_gets_400_naming_the_field(worker: SimWorkerThread, path: str, body: Any, field: str) -> None:
     with httpx.Client() as client:

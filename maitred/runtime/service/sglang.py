@@ -19,9 +19,13 @@ Shapes are SGLang 0.5.23's (python/sglang/srt/...):
   OpenAI endpoints when the server runs with ``--enable-cache-report``
   (``entrypoints/openai/protocol.py``: ``UsageInfo``).
 - ``GET /metrics`` (``--enable-metrics``): ``sglang:hicache_host_total_tokens`` is the host pool.
+- ``POST /v1/tokenize`` (``entrypoints/openai/serving_tokenize.py``): ``messages`` (and ``tools``)
+  rendered by the model's chat template, as for a chat completion or, with
+  ``add_generation_prompt: false``, as given: ``{tokens, count, max_model_len}``.
 
 A warmup is a prefill-only ``/generate`` with ``max_new_tokens: 0``: the OpenAI endpoints
-refuse zero tokens, so there is no chat-shaped warmup. No SGLang endpoint pins or evicts one
+refuse zero tokens, so a chat-shaped prefix is warmed by tokenizing its messages first
+(``tokenize``) and sending the ids. No SGLang endpoint pins or evicts one
 prefix; eviction is steered only through per-request ``priority``.
 """
 
@@ -296,6 +300,24 @@ class SGLangWorker:
         except ValueError:
             raise WorkerProtocolError(f"{self.url}/generate: body is not JSON") from None
         return cached_tokens(payload)
+
+    async def tokenize(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
+                       add_generation_prompt: bool = False) -> list[int]:
+        """Token ids of ``messages`` under the worker's own chat template (``POST /v1/tokenize``).
+        Without the generation prompt (the default) they are a prefix of any request that
+        continues these messages, so ``warmup(ids)`` warms exactly what that request will reuse."""
+        body: dict[str, Any] = {"messages": messages, "add_generation_prompt": add_generation_prompt}
+        if tools:
+            body["tools"] = tools
+        response = await self._client.post(self.url + "/v1/tokenize", json=body, timeout=self._timeout)
+        response.raise_for_status()
+        try:
+            tokens = response.json()["tokens"]
+        except (ValueError, KeyError, TypeError):
+            raise WorkerProtocolError(f"{self.url}/v1/tokenize: expected a JSON object with 'tokens'") from None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise WorkerProtocolError(f"{self.url}/v1/tokenize: tokens must be a list of integers")
+        return tokens
 
     async def host_capacity(self) -> int | None:
         response = await self._client.get(self.url + "/metrics", timeout=self._timeout)

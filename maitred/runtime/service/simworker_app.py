@@ -73,6 +73,8 @@ def build_app(config: SimWorkerConfig) -> FastAPI:
     app.add_api_route("/generate", generation.generate, methods=["POST", "PUT"])
     app.add_api_route("/v1/completions", generation.completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", generation.chat, methods=["POST"])
+    for path in ("/v1/tokenize", "/tokenize"):
+        app.add_api_route(path, generation.tokenize_request, methods=["POST"])
     return app
 
 

@@ -1,5 +1,5 @@
 """The generation endpoints of the simulated SGLang worker: ``/generate``, ``/v1/completions``
-and ``/v1/chat/completions``, streaming (SSE) or not.
+and ``/v1/chat/completions``, streaming (SSE) or not, and ``/v1/tokenize``.
 
 Shapes follow SGLang 0.5.23: ``entrypoints/http_server.py`` (``/generate``: ``text``,
 ``output_ids``, ``meta_info`` with ``cached_tokens`` and ``cached_tokens_details``; streamed
@@ -22,7 +22,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from maitred.runtime.service.simworker_engine import EngineFailed, RealtimeEngine, Ticket
 from maitred.runtime.service.simworker_replies import Reply, chat_reply, text_reply
-from maitred.runtime.service.simworker_tokens import Prompt, PromptError, render_chat, render_ids, render_text
+from maitred.runtime.service.simworker_tokens import Prompt, PromptError, render_chat, render_ids, render_text, tokenize
 
 if TYPE_CHECKING:
     from maitred.runtime.service.simworker_app import SimWorker
@@ -348,3 +348,38 @@ async def _chat_events(sim: "SimWorker", ticket: Ticket, reply: Reply, body: Map
     if _include_usage(body):
         yield _sse({**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage(ticket)})
     yield DONE
+
+
+# -- /v1/tokenize ----------------------------------------------------------------------------
+
+async def tokenize_request(request: Request) -> Response:
+    """SGLang's ``/v1/tokenize``: ``prompt`` (a string or a list of them) or ``messages`` (with
+    ``tools``) rendered as for a chat completion, or without the generation prompt when
+    ``add_generation_prompt`` is false. This is how a client warms a chat prefix: tokenize the
+    messages, then ``/generate`` them as ``input_ids`` with ``max_new_tokens: 0``."""
+    sim: SimWorker = request.app.state.sim
+    try:
+        body = await _json_object(request)
+        tokens, count = _tokenize_body(body)
+    except (BadRequest, PromptError) as exc:
+        return openai_error(BadRequest.of(exc))
+    return json_response({"tokens": tokens, "count": count, "max_model_len": sim.max_input + 1})
+
+
+def _tokenize_body(body: dict[str, Any]) -> tuple[Any, Any]:
+    prompt, messages = body.get("prompt"), body.get("messages")
+    if (prompt is None) == (messages is None):
+        raise BadRequest("prompt: give exactly one of 'prompt' or 'messages'", "prompt")
+    if messages is not None:
+        generation = body.get("add_generation_prompt")
+        if generation is not None and not isinstance(generation, bool):
+            raise BadRequest(f"add_generation_prompt: expected true or false, got {generation!r}", "add_generation_prompt")
+        ids = render_chat(messages, body.get("tools"), generation_prompt=generation is not False).ids
+        return ids, len(ids)
+    if isinstance(prompt, str):
+        ids = tokenize(prompt)
+        return ids, len(ids)
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        lists = [tokenize(p) for p in prompt]
+        return lists, [len(ids) for ids in lists]
+    raise BadRequest("prompt: expected a string or a list of strings", "prompt")

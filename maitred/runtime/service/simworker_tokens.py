@@ -40,6 +40,9 @@ def token_id(piece: str) -> int:
     return zlib.crc32(piece.encode("utf-8")) + 3  # 0..2 are reserved for the special tokens
 
 
+_PREFIX_ROLES = frozenset(token_id(role) for role in ("system", "developer", "tools"))
+
+
 def tokenize(text: str) -> list[int]:
     return list(_tokenize(text))
 
@@ -101,7 +104,9 @@ def message_body(message: Mapping[str, Any], where: str) -> list[int]:
     return ids
 
 
-def render_chat(messages: Any, tools: Any = None) -> Prompt:
+def render_chat(messages: Any, tools: Any = None, *, generation_prompt: bool = True) -> Prompt:
+    """The prompt of a chat request (``generation_prompt``: ending with ``<|im_start|> assistant``,
+    as for a completion; without it, the messages alone, a prefix of any continuation)."""
     if not isinstance(messages, list) or not messages:
         raise PromptError("messages: expected a non-empty list")
     ids: list[int] = []
@@ -121,9 +126,26 @@ def render_chat(messages: Any, tools: Any = None) -> Prompt:
         ids.append(IM_END)
     if prefix is None:
         prefix = _close_prefix(ids, tools)
-    ids += [IM_START, token_id("assistant")]
-    agent = f"a{zlib.crc32(repr(ids[:prefix]).encode()):08x}" if prefix else ""
-    return Prompt(ids, prefix, agent)
+    if generation_prompt:
+        ids += [IM_START, token_id("assistant")]
+    return Prompt(ids, prefix, _agent(ids, prefix))
+
+
+def _agent(ids: list[int], prefix: int) -> str:
+    return f"a{zlib.crc32(repr(ids[:prefix]).encode()):08x}" if prefix else ""
+
+
+def _chat_prefix(ids: list[int]) -> int:
+    """Length of the agent prefix of ids rendered by ``render_chat`` (0 for any other ids): so a
+    warmup sent as ``input_ids`` (from ``/v1/tokenize``) shares the agent's prefix and continues
+    into the chat request that follows it."""
+    end = 0
+    while end + 1 < len(ids) and ids[end] == IM_START and ids[end + 1] in _PREFIX_ROLES:
+        try:
+            end = ids.index(IM_END, end + 2) + 1
+        except ValueError:
+            return 0
+    return end
 
 
 def _close_prefix(ids: list[int], tools: Any) -> int:
@@ -146,7 +168,9 @@ def render_text(text: Any, field: str = "prompt") -> Prompt:
 def render_ids(ids: Any, field: str = "input_ids") -> Prompt:
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
         raise PromptError(f"{field}: expected a non-empty list of non-negative integers")
-    return Prompt(list(ids), 0, "")
+    ids = list(ids)
+    prefix = _chat_prefix(ids)
+    return Prompt(ids, prefix, _agent(ids, prefix))
 
 
 def words(seed: int, n: int) -> list[str]:
