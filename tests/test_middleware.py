@@ -362,12 +362,14 @@ def test_a_database_from_a_newer_maitred_is_reported_once_and_its_events_counted
 
 def test_events_the_database_refuses_are_isolated_and_counted(db_url, caplog):
     """The store splits a batch the database refuses; the sink counts the refused events."""
-    if not db_url.startswith("postgresql"):
-        pytest.skip("SQLite reports constraint failures with extended codes the store does not sort yet")
     SessionStore(db_url).close()
     engine = create_engine(db_url)
     with engine.begin() as conn:
-        conn.execute(text("ALTER TABLE tool_calls ADD CONSTRAINT no_poison CHECK (tool <> 'poison')"))
+        if db_url.startswith("postgresql"):
+            conn.execute(text("ALTER TABLE tool_calls ADD CONSTRAINT no_poison CHECK (tool <> 'poison')"))
+        else:
+            conn.execute(text("CREATE TRIGGER no_poison BEFORE INSERT ON tool_calls WHEN NEW.tool = 'poison' "
+                              "BEGIN SELECT RAISE(ABORT, 'tool: poison refused'); END"))
     engine.dispose()
     maitred.configure(db_url=db_url, settings=EmitterSettings(interval_s=0.05))
 
