@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from maitred.events import Event
 from maitred.storage.engine import IMMEDIATE, make_engine, normalize_db_url, sqlite_path
-from maitred.storage.errors import NoSuchDatabase, StoreError, describe, is_content_error, translate
+from maitred.storage.errors import DatabaseTooNew, NoSuchDatabase, StoreError, describe, is_content_error, translate
 from maitred.storage.fold import Folded, column_refusal, fold, refusal_reason
 from maitred.storage.migrate import current_revision, head_revision, known_revision, upgrade
 from maitred.storage.models import Base, EventRow
@@ -214,7 +214,7 @@ class SessionStore:
         if revision is None:
             return [f"{self.where}: no maitred version stamp (run `maitred db upgrade`)"]
         if not known_revision(revision):
-            return [f"{self.where}: this database was written by a newer maitred (revision {revision})"]
+            return [f"{self.where}: {DatabaseTooNew(revision)}"]
         head = head_revision()
         if revision != head:
             return [f"{self.where}: schema at revision {revision}, this maitred writes {head} (run `maitred db upgrade`)"]
