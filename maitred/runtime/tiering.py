@@ -1,14 +1,20 @@
 """MORI's sticky three-tier placement, per worker, ranked by relative idleness.
 
+Source: MORI (arXiv 2026, seed text "How MORI Works"): three queues with admission control per
+tier, sticky placement, lazy demotion of reasoning programs, and a boundary that moves with
+the busy set ("when busy programs outgrow HBM the boundary moves up and squeezes out a few more
+of the most idle").
+
 Nothing moves down while both capacities hold. When the GPU tier is
 over capacity, the most idle *acting* program goes down to host memory (or is dropped when the
 host tier cannot take it); if every GPU program is mid-step, the most idle is marked for lazy
 demotion when its step ends. When the host tier is over capacity, its most idle program is
 dropped to ``waiting``. When the GPU has room, programs come back up: first those that want it
 now (request waiting, or tool just returned), least idle first; then those predicted to return
-(r = 1) — promotion ahead of the return. Nothing is displaced to make room for a newcomer:
-placement is sticky, and moving KV is never free. A demoted program's host copy stays on its
-home worker and promotion brings it back there (affinity).
+(r = 1) — promotion ahead of the return. With ``displace`` (MORI), a program that wants the GPU
+now and does not fit squeezes out the most idle acting GPU programs that are more idle than it
+(only if that makes it fit); without, nothing is displaced for it. A demoted program's host
+copy stays on its home worker and promotion brings it back there (affinity).
 """
 
 from collections import defaultdict
@@ -34,6 +40,8 @@ class TierPlan:
             if p.home_worker is not None and p.home_worker in self.view.workers:
                 self.by_worker[p.home_worker].append(p)
                 self.tiers[p.program_id] = p.tier
+                if p.lazy_demote and p.tier is Tier.GPU:  # marked in an earlier step, still mid-step
+                    self.lazy.add(p.program_id)
 
     def weight(self, p: ProgramState) -> int:
         return p.weight(self.view.cfg.reserve_tokens)
@@ -59,6 +67,29 @@ class TierPlan:
     def demote(self, p: ProgramState, worker: WorkerState) -> None:
         self.move(p, worker.worker_id, Tier.CPU if self.weight(p) <= worker.cpu_tokens else Tier.WAITING)
 
+    def make_room(self, worker_id: str, tokens: int, iota: float) -> bool:
+        """MORI's moving boundary: demote the most idle acting GPU programs on the worker that
+        are more idle than ``iota`` until ``tokens`` fit; nothing moves unless that suffices."""
+        worker = self.view.workers[worker_id]
+        free = worker.gpu_tokens - self.used(worker_id, Tier.GPU)
+        if tokens <= free:
+            return True
+        victims = sorted((p for p in self.by_worker[worker_id] if self.tiers[p.program_id] is Tier.GPU
+                          and p.phase is not Phase.REASONING and p.program_id not in self.lazy
+                          and self.iota(p) > iota), key=lambda p: -self.iota(p))
+        chosen = []
+        for p in victims:
+            if tokens <= free:
+                break
+            chosen.append(p)
+            free += self.weight(p)
+        if tokens > free:
+            return False
+        for p in chosen:
+            self.demote(p, worker)
+        self.fix_host(worker_id)
+        return True
+
     def fix_host(self, worker_id: str) -> None:
         worker = self.view.workers[worker_id]
         over = self.used(worker_id, Tier.CPU) - worker.cpu_tokens
@@ -69,7 +100,7 @@ class TierPlan:
             over -= self.weight(p)
 
 
-def plan_tiers(view: View, *, promote_waiting: bool, per_token: bool = False) -> TierPlan:
+def plan_tiers(view: View, *, promote_waiting: bool, per_token: bool = False, displace: bool = False) -> TierPlan:
     """``promote_waiting``: also bring dropped programs back at home (MORI alone); maitred
     leaves them to TAO placement, which may find them a better worker.
 
@@ -78,14 +109,16 @@ def plan_tiers(view: View, *, promote_waiting: bool, per_token: bool = False) ->
     size (a host load or a recompute that holds up the batch), so between two similarly idle
     programs the cheaper one to bring back should go first — ThunderAgent's smallest-first
     instinct, kept inside MORI's idleness order. maitred uses it; ``mori`` stays as published.
+
+    ``displace``: a program that wants the GPU now squeezes out more idle ones (``make_room``).
     """
     plan = TierPlan(view)
     for worker_id in list(plan.by_worker):
-        _plan_worker(plan, worker_id, promote_waiting, per_token)
+        _plan_worker(plan, worker_id, promote_waiting, per_token, displace)
     return plan
 
 
-def _plan_worker(plan: TierPlan, worker_id: str, promote_waiting: bool, per_token: bool) -> None:
+def _plan_worker(plan: TierPlan, worker_id: str, promote_waiting: bool, per_token: bool, displace: bool) -> None:
     worker = plan.view.workers[worker_id]
     programs = plan.by_worker[worker_id]
     tiers, iota, weight = plan.tiers, plan.iota, plan.weight
@@ -106,7 +139,7 @@ def _plan_worker(plan: TierPlan, worker_id: str, promote_waiting: bool, per_toke
     for p in gpu:
         if over <= 0:
             break
-        if p.phase is Phase.REASONING and tiers[p.program_id] is Tier.GPU:
+        if p.phase is Phase.REASONING and tiers[p.program_id] is Tier.GPU and p.program_id not in plan.lazy:
             plan.moves.append(TierMove(p.program_id, worker_id, Tier.GPU, Tier.CPU, lazy=True))
             plan.lazy.add(p.program_id)
             over -= weight(p)
@@ -121,6 +154,10 @@ def _plan_worker(plan: TierPlan, worker_id: str, promote_waiting: bool, per_toke
     first = {p.program_id for p in urgent}
     ahead = sorted((p for p in programs if tiers[p.program_id] in sources and p.program_id not in first
                     and signals[p.program_id].readiness.r == 1), key=iota)
-    for p in urgent + ahead:
+    for p in urgent:
+        if weight(p) <= worker.gpu_tokens - plan.used(worker_id, Tier.GPU) or (
+                displace and plan.make_room(worker_id, weight(p), iota(p))):
+            plan.move(p, worker_id, Tier.GPU)
+    for p in ahead:
         if weight(p) <= worker.gpu_tokens - plan.used(worker_id, Tier.GPU):
             plan.move(p, worker_id, Tier.GPU)

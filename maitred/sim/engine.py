@@ -8,8 +8,21 @@ and can bring KV back ahead of a request (a prefill-only warmup loads it from ho
 A request hits what is resident on the GPU, loads what is in host memory (over the host-to-GPU
 link, FIFO), and recomputes the rest; it starts only when its whole context plus output fits,
 evicting idle KV from the tail (least recently used first, or lowest scheduler priority first
-when the policy asks for typed eviction). Evicted KV goes to host memory when offloading is on
-(HiCache-style), else it is gone.
+when the policy asks for typed eviction).
+
+Host memory follows SGLang's HiCache (sgl-project/sglang ``python/sglang/srt/mem_cache/
+hiradix_cache.py``, ``memory_pool_host.py``) when offloading is on: its default ``write_through``
+policy copies every newly cached block to host memory as it is cached (here: when the request
+that computed it ends), so GPU eviction writes nothing and a block evicted from the GPU without
+a host copy (the host was full) is gone. Host eviction only removes host copies of blocks that
+are already off the GPU; MORI's engine patch (``host_evicts_gpu_copies``) lets it drop the host
+copies of GPU-resident programs first instead, in the scheduler's tier ranks.
+
+Eviction priority comes two ways. Stock SGLang (``--radix-eviction-policy priority``) takes it
+from requests, and a cached prefix keeps the highest priority any request gave it (the
+ratchet: ``set_priority``); it starts afresh only for KV recomputed after a full eviction.
+MORI's engine patch labels the cached nodes from the scheduler instead (``relabel``), which can
+lower them.
 
 Time: continuous batching. Every step runs one prefill chunk (head of the queue, foreground
 before warmups) and one decode token for every decoding request; its duration comes from the
@@ -33,6 +46,7 @@ class Request:
     arrival: float          # at the gateway (TTFT counts from here)
     prefix: int = 0         # the agent's shared system prompt within ``context``
     background: str | None = None  # warmup kind, None for a real request
+    priority: int | None = None     # SGLang request priority (stock priority eviction, ratcheted)
     prefill_left: int = 0
     decode_left: int = 0
     ready_at: float = 0.0   # host-to-GPU load done
@@ -80,6 +94,7 @@ class Worker:
     host_tokens: int
     offload: bool = False
     typed_eviction: bool = False
+    host_evicts_gpu_copies: bool = False  # MORI's patch: host copies of GPU-resident KV may go first
     priorities: dict[str, int] = field(default_factory=dict)   # GPU eviction: lowest first
     host_ranks: dict[str, int] = field(default_factory=dict)   # host eviction: lowest first
     segments: dict[str, Segment] = field(default_factory=dict)
@@ -97,11 +112,20 @@ class Worker:
     def free(self) -> int:
         return self.gpu_tokens - self.gpu_used
 
+    def locked_tokens(self) -> int:
+        """GPU tokens held by running work: the KV of programs with a request
+        running or queued and the prefixes in use. What SGLang reports as token usage (cached
+        KV that could be evicted is not counted)."""
+        busy = self._busy_programs()
+        return (sum(seg.gpu for pid, seg in self.segments.items() if pid in busy)
+                + sum(p.tokens for p in self.prefixes.values() if p.resident and p.users > 0))
+
     def _busy_programs(self) -> set[str]:
         return {r.program_id for r in self.running} | {r.program_id for r in self.queue}
 
     def _evict(self, need: int, keep: set[str], keep_agent: str | None) -> None:
-        """Free ``need`` tokens of idle KV, tail first; to host memory when offloading."""
+        """Free ``need`` tokens of idle KV, tail first. Nothing is written here: with offloading
+        the blocks were copied to host memory when they were cached (write-through)."""
         if need <= 0:
             return
         busy = self._busy_programs() | keep
@@ -125,37 +149,46 @@ class Worker:
                 continue
             seg = self.segments[key]
             take = min(seg.gpu, need)
-            if self.offload:
-                self._to_host(key, seg, seg.gpu)
             seg.gpu -= take
             self.gpu_used -= take
             need -= take
 
     def _to_host(self, pid: str, seg: Segment, tokens: int) -> None:
-        """Write ``tokens`` of ``pid``'s context to host memory (what is already there is not resent)."""
+        """Write-through: copy the first ``tokens`` of ``pid``'s context to host memory (what is
+        already there is not resent), evicting other host copies to make room; what still does
+        not fit is not copied."""
         extra = max(tokens - seg.host, 0)
         if extra == 0:
             return
         short = extra - (self.host_tokens - self.host_used)
         if short > 0:
-            def rank(kv: tuple[str, Segment]) -> tuple[int, float]:
-                return (self.host_ranks.get(kv[0], 0) if self.typed_eviction else 0, kv[1].last)
-
-            for other_pid, other in sorted(self.segments.items(), key=rank):
-                if short <= 0:
-                    break
-                if other_pid == pid or other.host == 0 or other_pid in self._busy_programs():
-                    continue
-                take = min(other.host, short)
-                other.host -= take
-                self.host_used -= take
-                short -= take
+            self._evict_host(short, pid)
             extra = min(extra, self.host_tokens - self.host_used)
         if extra <= 0:
             return
         seg.host += extra
         self.host_used += extra
         self.stats.transfer_bytes += extra * self.profile.kv_bytes_per_token
+
+    def _evict_host(self, short: int, keep: str) -> None:
+        """Free ``short`` host tokens, tail first, in LRU order (tier ranks first when the policy
+        types eviction). Stock HiCache only takes host copies of blocks already evicted from
+        the GPU (the part of a copy beyond ``gpu``); MORI's patch may take any copy."""
+        busy = self._busy_programs()
+
+        def rank(kv: tuple[str, Segment]) -> tuple[int, float]:
+            return (self.host_ranks.get(kv[0], 0) if self.typed_eviction else 0, kv[1].last)
+
+        for other_pid, other in sorted(self.segments.items(), key=rank):
+            if short <= 0:
+                break
+            if other_pid == keep or other_pid in busy:
+                continue
+            floor = 0 if self.host_evicts_gpu_copies else other.gpu
+            take = min(max(other.host - floor, 0), short)
+            other.host -= take
+            self.host_used -= take
+            short -= take
 
     def _segment(self, pid: str, agent: str) -> Segment:
         seg = self.segments.get(pid)
@@ -203,6 +236,8 @@ class Worker:
             self._evict(need - self.free(), {req.program_id}, req.agent)
             if need > self.free():
                 return False
+        if req.priority is not None:
+            self.set_priority(req.program_id, req.priority)
         prefix.resident = True
         prefix.users += 1
         prefix.last = now
@@ -226,6 +261,32 @@ class Worker:
         return True
 
     # -- policy actions -------------------------------------------------------------------------
+
+    def set_priority(self, pid: str, priority: int) -> None:
+        """A request of ``pid`` carries ``priority`` (stock SGLang priority eviction): its cached
+        KV keeps the highest priority any request gave it (sgl-project/sglang
+        ``python/sglang/srt/mem_cache/radix_cache.py``, priority propagated as a max along the
+        path); KV recomputed after a full eviction starts from this request's priority."""
+        seg = self.segments.get(pid)
+        held = seg is not None and seg.gpu > 0
+        self.priorities[pid] = max(priority, self.priorities.get(pid, priority)) if held else priority
+
+    def relabel(self, priorities: dict[str, int], host_ranks: dict[str, int]) -> None:
+        """MORI's engine patch: the scheduler labels the cached nodes directly (GPU eviction in
+        ``priorities``, host eviction in ``host_ranks``, lowest first); labels may go down."""
+        self.priorities = dict(priorities)
+        self.host_ranks = dict(host_ranks)
+
+    def remove(self, pid: str) -> None:
+        """The program ended: cancel its warmups, free its KV on both tiers and forget it (its
+        foreground requests have all finished)."""
+        for r in [r for r in self.queue if r.program_id == pid and r.background is not None]:
+            self.queue.remove(r)
+        for r in [r for r in self.running if r.program_id == pid and r.background is not None]:
+            self._drop_running(r)
+        self.drop(pid)
+        self.forget(pid)
+        self._start_queued()
 
     def drop(self, pid: str) -> None:
         seg = self.segments.get(pid)
@@ -356,7 +417,10 @@ class Worker:
         prefix = self.prefixes[req.agent]
         prefix.users -= 1
         prefix.last = self.t
-        self.segments[req.program_id].last = self.t
+        seg = self.segments[req.program_id]
+        seg.last = self.t
+        if self.offload:
+            self._to_host(req.program_id, seg, seg.gpu)
         if req.background is None:
             self.stats.output_tokens += req.output
         return req

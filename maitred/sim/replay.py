@@ -4,9 +4,24 @@ Each slot runs programs back to back (the trace's programs in a seeded order, cy
 simulated duration. A program's model calls go through the same ``RuntimeState`` and
 ``Scheduler`` the live runtime uses — the events are the same events — and the decisions are
 applied to the engine model: routing, admission (held requests wait for the next step, and are
-forced through after ``hold_timeout_s`` like ThunderAgent's force-resume), tier moves,
+forced through after the policy's hold bound, like ThunderAgent's force-resume), tier moves,
 eviction priorities and warmups. Tool calls take their traced durations; model calls take what
 the engine model says. Deterministic for a seed.
+
+Each policy runs at its own cadence and hold bound (``SimPolicy``), as published:
+
+- ThunderAgent (ThunderAgent-org/ThunderAgent ``ThunderAgent/config.py``: ``scheduler_interval``
+  5.0 s; ``ThunderAgent/scheduler/router.py``: ``_wait_for_resume(timeout=1800.0)``): a step every
+  5 s, a held request forced in after 1,800 s; a new program is assigned when its first request
+  arrives if nothing is paused (``admit_at_arrival``), else it waits for a resume.
+- MORI (arXiv 2026, "How MORI Works": built on ThunderAgent's scheduler, "the scheduler runs
+  asynchronously with a default 5-second period"): 5 s, 1,800 s, ThunderAgent's arrival rule.
+- SGLang's router (round_robin, cache_aware) routes each request as it arrives: a step at once.
+- TAO is our own composition (no published cadence): 1 s, ThunderAgent's 1,800 s bound.
+- maitred: 1 s, and a step 50 ms after a held request arrives (the gateway admits a request
+  that fits at once), held requests let through after 1,800 s (measured: at 60 s the forced
+  requests overfill the GPU, 443 against 796 tok/s at synthetic C=80 ×1, 1,200 s; the gateway's own
+  default, 5 s, is set in maitred/runtime/service/loop.py).
 """
 
 import heapq
@@ -36,21 +51,35 @@ class SimPolicy:
     """How a simulator policy maps onto a runtime policy and the engine's own behaviour."""
 
     runtime: str
-    offload: bool = False        # the engine keeps evicted KV in host memory (HiCache)
+    offload: bool = False        # HiCache write-through to host memory
     typed: bool = False          # eviction follows the scheduler's priorities
     tiering: bool = False        # promotions load KV back from host memory ahead of the request
     oracle: bool = False         # the runtime is told each tool's true duration
+    labels: bool = False         # MORI's engine patch: tier labels on the cache (may go down; host
+                                 # copies of GPU-tier programs are dropped first); else priorities
+                                 # ride on requests and ratchet (stock SGLang)
+    period_s: float = 1.0        # scheduling period
+    hold_s: float = 1800.0       # a held request is forced in after this long
+    urgent_s: float | None = None  # a step this soon after a held request arrives (None: none)
+    arrival_admission: bool = False  # the policy's ``admit_at_arrival`` runs when a request arrives
 
+
+TA_PERIOD_S, TA_HOLD_S = 5.0, 1800.0
+MAITRED_PERIOD_S, MAITRED_HOLD_S, MAITRED_URGENT_S = 1.0, 1800.0, 0.05
 
 SIM_POLICIES: dict[str, SimPolicy] = {
-    "round_robin": SimPolicy("round_robin"),
-    "cache_aware": SimPolicy("cache_aware"),
-    "thunderagent": SimPolicy("thunderagent"),
-    "thunderagent_offload": SimPolicy("thunderagent", offload=True),
-    "tao": SimPolicy("tao"),
-    "mori": SimPolicy("mori", offload=True, typed=True, tiering=True),
-    "maitred": SimPolicy("maitred", offload=True, typed=True, tiering=True),
-    "oracle": SimPolicy("maitred", offload=True, typed=True, tiering=True, oracle=True),
+    "round_robin": SimPolicy("round_robin", urgent_s=0.0),
+    "cache_aware": SimPolicy("cache_aware", urgent_s=0.0),
+    "thunderagent": SimPolicy("thunderagent", period_s=TA_PERIOD_S, hold_s=TA_HOLD_S, arrival_admission=True),
+    "thunderagent_offload": SimPolicy("thunderagent", offload=True, period_s=TA_PERIOD_S, hold_s=TA_HOLD_S,
+                                      arrival_admission=True),
+    "tao": SimPolicy("tao", hold_s=TA_HOLD_S),
+    "mori": SimPolicy("mori", offload=True, typed=True, tiering=True, labels=True, period_s=TA_PERIOD_S,
+                      hold_s=TA_HOLD_S, arrival_admission=True),
+    "maitred": SimPolicy("maitred", offload=True, typed=True, tiering=True, period_s=MAITRED_PERIOD_S,
+                         hold_s=MAITRED_HOLD_S, urgent_s=MAITRED_URGENT_S),
+    "oracle": SimPolicy("maitred", offload=True, typed=True, tiering=True, oracle=True, period_s=MAITRED_PERIOD_S,
+                        hold_s=MAITRED_HOLD_S, urgent_s=MAITRED_URGENT_S),
 }
 
 
@@ -63,8 +92,8 @@ class RunConfig:
     seed: int = 0
     workers: int = 1
     gpu_tokens: int | None = None   # per worker; None: the profile's
-    period_s: float = 1.0
-    hold_timeout_s: float = 60.0
+    period_s: float | None = None        # None: the policy's own
+    hold_timeout_s: float | None = None  # None: the policy's own
     stagger_s: float = 30.0         # slots start spread over this window
 
     def __post_init__(self) -> None:
@@ -72,8 +101,18 @@ class RunConfig:
             raise ValueError(f"unknown policy {self.policy!r}; choose from: {', '.join(SIM_POLICIES)}")
         if self.concurrency < 1 or self.workers < 1:
             raise ValueError("concurrency and workers must be at least 1")
-        if self.cpu_ratio < 0 or self.duration_s <= 0 or self.period_s <= 0:
+        if self.cpu_ratio < 0 or self.duration_s <= 0 or (self.period_s is not None and self.period_s <= 0):
             raise ValueError("cpu_ratio must be >= 0; duration_s and period_s positive")
+        if self.hold_timeout_s is not None and self.hold_timeout_s < 0:
+            raise ValueError("hold_timeout_s must be >= 0")
+
+    @property
+    def period(self) -> float:
+        return self.period_s if self.period_s is not None else SIM_POLICIES[self.policy].period_s
+
+    @property
+    def hold(self) -> float:
+        return self.hold_timeout_s if self.hold_timeout_s is not None else SIM_POLICIES[self.policy].hold_s
 
 
 @dataclass
@@ -133,12 +172,13 @@ class Replay:
                              f"({longest:,} tokens of prompt and output); raise --gpu-tokens or use another profile")
         self.gpu_tokens = gpu
         self.workers = {
-            f"w{i}": Worker(f"w{i}", profile, gpu, host, offload=self.sim.offload, typed_eviction=self.sim.typed)
+            f"w{i}": Worker(f"w{i}", profile, gpu, host, offload=self.sim.offload, typed_eviction=self.sim.typed,
+                            host_evicts_gpu_copies=self.sim.labels)
             for i in range(cfg.workers)
         }
         self.state = RuntimeState(
             [WorkerState(w, gpu_tokens=gpu, cpu_tokens=host) for w in self.workers],
-            SignalConfig(period_s=cfg.period_s),
+            SignalConfig(period_s=cfg.period),
         )
         self.scheduler = Scheduler(self.state, self.sim.runtime)
         self.heap: list[tuple[float, int, str, object]] = []
@@ -157,6 +197,7 @@ class Replay:
         self.requests = 0
         self.tier_moves = 0
         self.urgent_tick_at: float | None = None
+        self.priorities: dict[str, int] = {}
 
     # -- event queue ----------------------------------------------------------------------------
 
@@ -211,15 +252,32 @@ class Replay:
         p = self.state.programs[run.pid]
         if run.pid in self.admitted and p.home_worker is not None:
             self._submit(p.home_worker, req, t)
-        else:
-            self.held[run.pid] = req
-            if self.urgent_tick_at is None:
-                self.urgent_tick_at = t + 0.05
-                self._push(self.urgent_tick_at, "urgent", None)
+            return
+        if self.sim.arrival_admission and p.home_worker is None and self._admit_at_arrival(run.pid, t):
+            self._submit(cast(str, self.state.programs[run.pid].home_worker), req, t)
+            return
+        self.held[run.pid] = req
+        if self.sim.urgent_s is not None and self.urgent_tick_at is None:
+            self.urgent_tick_at = t + self.sim.urgent_s
+            self._push(self.urgent_tick_at, "urgent", None)
+
+    def _admit_at_arrival(self, pid: str, t: float) -> bool:
+        """The policy's own rule for a new program's first request (ThunderAgent assigns it at
+        once when nothing is paused); the assignment is recorded as a decision."""
+        self._observe_workers(t)
+        view = self.state.view(t)
+        decision = self.scheduler.policy.admit_at_arrival(view, pid)  # type: ignore[attr-defined]
+        if decision is None:
+            return False
+        self.state.apply_decision(decision)
+        self.admitted = self.admitted | {pid}
+        return True
 
     def _submit(self, wid: str, req: Request, t: float) -> None:
         worker = self.workers[wid]
         worker.cancel_warmup(req.program_id)
+        if self.sim.typed and not self.sim.labels and req.program_id in self.priorities:
+            req.priority = self.priorities[req.program_id]
         self._finished(wid, worker.submit(req, t), t)
 
     def _finished(self, wid: str, done: list[Request], t: float) -> None:
@@ -287,26 +345,27 @@ class Replay:
             return
         self.latency.append(t - run.started)
         self.state.apply(ProgramEnd(ts=max(t, 1e-6), program_id=run.pid))
-        for worker in self.workers.values():
-            worker.drop(run.pid)
-            worker.segments.pop(run.pid, None)
-            worker.priorities.pop(run.pid, None)
+        for wid, worker in self.workers.items():
+            worker.remove(run.pid)
+            self._reschedule(wid)
+        self.priorities.pop(run.pid, None)
         del self.running[run.pid]
         self._start_program(run.slot, t)
 
     # -- scheduling -----------------------------------------------------------------------------
 
-    def _tick(self, t: float, *, periodic: bool) -> None:
+    def _observe_workers(self, t: float) -> None:
         for wid, worker in self.workers.items():
             self._finished(wid, worker.advance(t), t)
-            live = self.state.workers[wid]
-            live.queued_requests = worker.queued_foreground()
-            live.used_tokens = worker.gpu_used
-            live.warmups_in_flight = sum(1 for r in worker.running if r.background is not None)
+            self.state.observe_worker(wid, queued_requests=worker.queued_foreground(), used_tokens=worker.locked_tokens(),
+                                      warmups_in_flight=sum(1 for r in worker.running if r.background is not None))
+
+    def _tick(self, t: float, *, periodic: bool) -> None:
+        self._observe_workers(t)
         decision = self.scheduler.tick(t)
         self._apply(decision, t)
         if periodic:
-            self._push(t + self.cfg.period_s, "tick", None)
+            self._push(t + self.cfg.period, "tick", None)
 
     def _apply(self, decision: Decision, t: float) -> None:
         self.admitted = decision.admitted
@@ -320,11 +379,12 @@ class Replay:
             if move.dst is Tier.GPU and self.sim.tiering:
                 self.workers[move.worker].promote(move.program_id, t)
                 touched.add(move.worker)
-        if self.sim.typed:
+        if self.sim.labels:
             ranks = {pid: HOST_RANK[p.tier] for pid, p in self.state.programs.items()}
             for worker in self.workers.values():
-                worker.priorities = dict(decision.priorities)
-                worker.host_ranks = ranks
+                worker.relabel(dict(decision.priorities), ranks)
+        elif self.sim.typed:  # stock SGLang: the priority rides on the program's next request
+            self.priorities = dict(decision.priorities)
         for warm in decision.warmups:
             worker = self.workers[warm.worker]
             touched.add(warm.worker)
@@ -339,7 +399,7 @@ class Replay:
             if pid in self.admitted and home is not None:
                 del self.held[pid]
                 self._submit(home, req, t)
-            elif t - req.arrival >= self.cfg.hold_timeout_s:
+            elif t - req.arrival >= self.cfg.hold:
                 del self.held[pid]
                 target = home or self._least_loaded()
                 self.state.force_admit(pid, target)
