@@ -111,3 +111,22 @@ def test_assignment_signature_is_what_apply_compares():
     decision = Decision("x", assignments=(Assignment("a", "w0", "new", signature(view.programs["a"])),))
     applied = Scheduler(st, "maitred").apply(decision, view)
     assert applied.assignments == decision.assignments and st.programs["a"].home_worker == "w0"
+
+
+def test_tool_events_that_arrive_after_the_next_step_began_still_count():
+    """Events come batched while requests reach the gateway at once: the next llm.start can be
+    seen before the tool events that preceded it."""
+    st = state([("w0", 10_000, 0)], [])
+    st.apply(LLMStart(ts=NOW, program_id="a", request_id="r1"))
+    st.apply(LLMEnd(ts=NOW + 1, program_id="a", request_id="r1", prompt_tokens=100, completion_tokens=5))
+    st.apply(ToolStart(ts=NOW + 2, program_id="a", call_id="c1", tool="pytest"))
+    st.apply(LLMStart(ts=NOW + 5, program_id="a", request_id="r2"))              # its end is late
+    st.apply(ToolEnd(ts=NOW + 4.5, program_id="a", call_id="c1"))
+    st.apply(LLMEnd(ts=NOW + 6, program_id="a", request_id="r2", prompt_tokens=200, completion_tokens=5))
+    st.apply(LLMStart(ts=NOW + 9, program_id="a", request_id="r3"))              # both events late
+    st.apply(ToolStart(ts=NOW + 7, program_id="a", call_id="c2", tool="pytest"))
+    assert st.programs["a"].phase is Phase.REASONING and st.programs["a"].tool is None, "a late start opens nothing"
+    assert st.tool_for("a", "c2") is not None
+    st.apply(ToolEnd(ts=NOW + 8, program_id="a", call_id="c2"))
+    assert st.history.by_tool["pytest"].n == 2 and st.history.by_tool["pytest"].mean == 1.75
+    assert st.predictions.n == 2 and st.tool_for("a", "c2") is None

@@ -13,7 +13,7 @@ copy is never mutated after it is made), so a snapshot of 10,000 programs of whi
 changed costs a handful of copies and one dict copy.
 """
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -50,6 +50,9 @@ from maitred.runtime.signals import Readiness, idleness, predict_end, readiness
 #: A handoff's messages are counted at roughly this many characters per token when no count is given.
 CHARS_PER_TOKEN = 4
 HANDOFF_TTL_S = 120.0
+#: Tool calls whose end had not been seen when the program's next step began, kept so that a
+#: late ``tool.end`` still counts in the history (oldest forgotten first past this many).
+MAX_LATE_TOOLS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +162,7 @@ class RuntimeState:
         self.agent_prefix_tokens: dict[str, int] = {}
         self._copies: dict[str, ProgramState] = {}
         self._history_copy: ToolHistory | None = None
+        self._late_tools: OrderedDict[tuple[str, str], OpenTool] = OrderedDict()
 
     def touch(self, program_id: str) -> None:
         """Mark a program changed, so the next snapshot copies it again."""
@@ -237,6 +241,8 @@ class RuntimeState:
         if e.agent and e.agent != p.agent:
             p.agent = e.agent
         self._enter(p, Phase.REASONING, e.ts)
+        if p.tool is not None and p.tool.ended_at is None:
+            self._stash_late(p.program_id, p.tool)
         p.returned, p.tool = False, None
         if e.prompt_tokens is not None:
             p.context_tokens = e.prompt_tokens
@@ -259,10 +265,29 @@ class RuntimeState:
         if p.phase is Phase.REASONING:
             self._enter(p, Phase.ACTING, e.ts)
 
+    def tool_for(self, program_id: str, call_id: str) -> OpenTool | None:
+        """The open (or late, see ``_tool_start``) tool call a ``tool.end`` would close."""
+        p = self.programs.get(program_id)
+        if p is not None and p.tool is not None and p.tool.call_id == call_id:
+            return p.tool
+        return self._late_tools.get((program_id, call_id))
+
+    def _stash_late(self, program_id: str, tool: OpenTool) -> None:
+        self._late_tools[(program_id, tool.call_id)] = tool
+        if len(self._late_tools) > MAX_LATE_TOOLS:
+            self._late_tools.popitem(last=False)
+
     def _tool_start(self, e: ToolStart) -> None:
+        """Events come through a batched channel while model requests reach the gateway at
+        once, so a tool's events may arrive after the step that followed it began: such a
+        ``tool.start`` (older than the running step) only waits for its end, for the history."""
         p = self.program_for(e)
+        tool = OpenTool(e.call_id, e.tool, e.signature, e.ts, e.deadline_s)
+        if p.phase is Phase.REASONING and e.ts < p.phase_since:
+            self._stash_late(p.program_id, tool)
+            return
         self._enter(p, Phase.ACTING, e.ts)
-        p.tool = OpenTool(e.call_id, e.tool, e.signature, e.ts, e.deadline_s)
+        p.tool = tool
         p.returned = False
 
     def _tool_progress(self, e: ToolProgress) -> None:
@@ -273,8 +298,14 @@ class RuntimeState:
     def _tool_end(self, e: ToolEnd) -> None:
         p = self.programs.get(e.program_id)
         if p is None or p.tool is None or p.tool.call_id != e.call_id:
+            late = self._late_tools.pop((e.program_id, e.call_id), None)
+            if late is not None:
+                self._record_tool(late, e)
             return
-        tool = p.tool
+        self._record_tool(p.tool, e)
+        p.returned = True
+
+    def _record_tool(self, tool: OpenTool, e: ToolEnd) -> None:
         end_ts = e.ts
         duration = e.duration_s if e.duration_s is not None else end_ts - tool.started
         predicted, _, _ = predict_end(tool, self.history, end_ts, self.cfg, use_signature=self.use_signature)
@@ -283,7 +314,6 @@ class RuntimeState:
         self.history.record(tool.tool, tool.signature, duration)
         self._history_copy = None
         tool.ended_at = end_ts
-        p.returned = True
 
     def _handoff(self, e: Handoff) -> None:
         tokens = e.context_tokens

@@ -375,11 +375,11 @@ class Runtime:
         self.kick()
 
     def _observe_tool(self, e: ToolEnd) -> None:
-        p = self.state.programs.get(e.program_id)
-        if p is None or p.tool is None or p.tool.call_id != e.call_id:
+        tool = self.state.tool_for(e.program_id, e.call_id)
+        if tool is None:
             return
-        duration = e.duration_s if e.duration_s is not None else e.ts - p.tool.started
-        name = p.tool.tool
+        duration = e.duration_s if e.duration_s is not None else e.ts - tool.started
+        name = tool.tool
         if name not in self._tool_labels:
             if len(self._tool_labels) >= MAX_TOOL_LABELS:
                 name = "other"
