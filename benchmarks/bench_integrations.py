@@ -6,7 +6,8 @@ inside a LangGraph agent.
    maitred.integrations.claude_code``, fed one PreToolUse payload (Python start-up included),
    median and p90 over ``--hook-runs`` runs, with the runtime up (a gateway on simulated
    workers, the events POSTed to it), with the runtime down (connection refused, one line,
-   exit), and without a runtime (the store write handed to a detached process). A bare
+   exit), and without a runtime (the store write handed to a detached writer; each run waits
+   for its writer to finish, and the time until the event is in the store is reported). A bare
    ``python -c pass`` in the same run is the floor: on a shared machine it shows how much the
    load inflates every figure.
 2. Middleware: one ``create_agent`` agent on a scripted chat model (each step one model call and
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -47,15 +49,39 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def time_process(argv: list[str], env: dict[str, str], runs: int) -> dict[str, float]:
-    samples = []
-    for _ in range(runs):
+def time_process(argv: list[str], env: dict[str, str], runs: int, settle: Callable[[int], float] | None = None) -> dict[str, float]:
+    """Median and p90 of process start -> exit. ``settle(i)``, when given, waits after run ``i``
+    until its background work is done (so runs do not pile up) and returns how long that took."""
+    samples, settled = [], []
+    for i in range(runs):
         start = time.perf_counter()
         done = subprocess.run(argv, input=PAYLOAD, capture_output=True, text=True, env=env, timeout=60)
         samples.append(time.perf_counter() - start)
         if done.returncode != 0:
             raise RuntimeError(f"the hook exited {done.returncode}: {done.stderr}")
-    return {"median_ms": round(statistics.median(samples) * 1000, 1), "p90_ms": round(percentile(samples, 0.9) * 1000, 1)}
+        if settle is not None:
+            settled.append(settle(i) + samples[-1])
+    out = {"median_ms": round(statistics.median(samples) * 1000, 1), "p90_ms": round(percentile(samples, 0.9) * 1000, 1)}
+    if settled:
+        out["stored_after_median_ms"] = round(statistics.median(settled) * 1000, 1)
+    return out
+
+
+def stored(path: Path, offset: list[int]) -> Callable[[int], float]:
+    """A ``settle`` for the store mode: wait until the SQLite store at ``path`` holds one more event."""
+    def wait(i: int) -> float:
+        start = time.perf_counter()
+        while time.perf_counter() - start < 30:
+            try:
+                with sqlite3.connect(path) as db:
+                    n = db.execute("SELECT count(*) FROM events").fetchone()[0]
+            except sqlite3.Error:
+                n = 0
+            if n >= offset[0] + i + 1:
+                return time.perf_counter() - start
+            time.sleep(0.005)
+        raise RuntimeError("the detached writer did not store the event within 30 s")
+    return wait
 
 
 def bench_hook(runs: int) -> dict[str, Any]:
@@ -69,15 +95,18 @@ def bench_hook(runs: int) -> dict[str, Any]:
                            "import_maitred": time_process([sys.executable, "-c", "import maitred"], base, runs)}
     down = {**base, "MAITRED_URL": f"http://127.0.0.1:{free_port()}"}
     with tempfile.TemporaryDirectory() as folder:
-        store = {**base, "MAITRED_DB": f"sqlite:///{folder}/hooks.db"}
+        path = Path(folder) / "hooks.db"
+        store = {**base, "MAITRED_DB": f"sqlite:///{path}"}
+        written = [0]
         with local_cluster(script_tools=False) as cluster:
             up = {**base, "MAITRED_URL": cluster.gateway_url}
             for name, argv in (("maitred_hook_claude_code", cli), ("python_m_module", module)):
                 out[name] = {
                     "runtime_up": time_process(argv, up, runs),
                     "runtime_down": time_process(argv, down, runs),
-                    "store_detached": time_process(argv, store, runs),
+                    "store_detached": time_process(argv, store, runs, settle=stored(path, written)),
                 }
+                written[0] += runs
     return out
 
 
