@@ -15,7 +15,8 @@ inside a LangGraph agent.
    the real emitter to a sink that counts them. Reported, in wall time and in CPU time (which a
    shared, busy machine inflates less): the middleware's own time per tool call and per model
    call (measured inside the hooks, the wrapped handler's time excluded), and the difference in
-   step time, each as a share of the plain agent's step time. Goal: <= 2 %.
+   step time, each as a share of the plain agent's step time (Goal: <= 2 %), and the step time
+   with a pass-through middleware: what LangChain charges for having any middleware at all.
 
     python benchmarks/bench_integrations.py [--hook-runs 30] [--agent-runs 30] [--steps 10]
 
@@ -112,6 +113,7 @@ def bench_hook(runs: int) -> dict[str, Any]:
 
 def bench_middleware(runs: int, steps: int) -> dict[str, Any]:
     from langchain.agents import create_agent
+    from langchain.agents.middleware import AgentMiddleware
     from langchain_core.language_models import BaseChatModel
     from langchain_core.messages import AIMessage
     from langchain_core.outputs import ChatGeneration, ChatResult
@@ -188,11 +190,21 @@ def bench_middleware(runs: int, steps: int) -> dict[str, Any]:
         def wrap_model_call(self, request: Any, handler: Any) -> Any:
             return self._timed(super().wrap_model_call, request, handler, self.model)
 
+    class PassThrough(AgentMiddleware):
+        """A middleware that does nothing: what LangChain charges for having one at all."""
+
+        def wrap_tool_call(self, request: Any, handler: Any) -> Any:
+            return handler(request)
+
+        def wrap_model_call(self, request: Any, handler: Any) -> Any:
+            return handler(request)
+
     maitred.configure(sinks=[Counting()])
-    model_plain, model_with = Scripted(), Scripted()
+    model_plain, model_with, model_empty = Scripted(), Scripted(), Scripted()
     plain = create_agent(model_plain, [lookup], name="worker")
     timed = Timed()
     instrumented = create_agent(model_with, [lookup], name="worker", middleware=[timed])
+    empty = create_agent(model_empty, [lookup], name="worker", middleware=[PassThrough()])
 
     def one(agent: Any, model: Any, thread: str) -> tuple[float, float]:
         """(wall, process CPU) seconds per step of one run."""
@@ -201,15 +213,17 @@ def bench_middleware(runs: int, steps: int) -> dict[str, Any]:
         agent.invoke({"messages": [{"role": "user", "content": "go"}]}, {"configurable": {"thread_id": thread}})
         return (time.perf_counter() - wall) / (steps + 1), (time.process_time() - cpu) / (steps + 1)
 
-    for i in range(3):  # warm up both
+    for i in range(3):  # warm up all three
         one(plain, model_plain, f"warm-{i}")
         one(instrumented, model_with, f"warm-{i}")
+        one(empty, model_empty, f"warm-{i}")
     Timed.tool.clear()
     Timed.model.clear()
-    without, with_ = [], []
+    without, with_, pass_through = [], [], []
     for i in range(runs):
         without.append(one(plain, model_plain, f"plain-{i}"))
         with_.append(one(instrumented, model_with, f"with-{i}"))
+        pass_through.append(one(empty, model_empty, f"empty-{i}"))
     maitred.flush(timeout=10)
 
     def median(values: Sequence[tuple[float, float]], i: int) -> float:
@@ -218,13 +232,15 @@ def bench_middleware(runs: int, steps: int) -> dict[str, Any]:
     per_step = steps / (steps + 1)  # a run is `steps` tool-calling steps and one answer
     out: dict[str, Any] = {"steps_per_run": steps, "runs": runs, "events_delivered": Counting.events}
     for i, clock in ((0, "wall"), (1, "cpu")):
-        plain_step, with_step = median(without, i), median(with_, i)
+        plain_step, with_step, empty_step = median(without, i), median(with_, i), median(pass_through, i)
         tool_us, model_us = median(Timed.tool, i) * 1e6, median(Timed.model, i) * 1e6
         out[clock] = {
             "step_ms_without": round(plain_step * 1000, 3), "step_ms_with": round(with_step * 1000, 3),
             "overhead_per_tool_call_us": round(tool_us, 1), "overhead_per_model_call_us": round(model_us, 1),
             "overhead_share_measured_in_hooks": round((tool_us * per_step + model_us) / 1e6 / plain_step, 4),
             "overhead_share_ab": round((with_step - plain_step) / plain_step, 4),
+            "step_ms_pass_through_middleware": round(empty_step * 1000, 3),
+            "langchain_share_for_any_middleware": round((empty_step - plain_step) / plain_step, 4),
         }
     return out
 
