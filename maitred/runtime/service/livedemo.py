@@ -44,7 +44,7 @@ class LiveDemoConfig:
     engine_speedup: float = 10.0    # the simulated GPUs run this much faster than the profiled one
     gpu_tokens: int = 120_000       # per worker: about half of the programs' contexts fit in the two
     cpu_tokens: int = 240_000       # per worker: HiCache host memory, twice the GPU pool
-    hold_timeout_s: float = 10.0
+    hold_timeout_s: float = 5.0      # the gateway default
     policies: tuple[str, ...] = ("maitred", "round_robin")
 
     def __post_init__(self) -> None:
@@ -227,3 +227,70 @@ def write_png(runs: list[RunSummary], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def print_summary(runs: list[RunSummary], png: Path | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(Console().width, 110))
+    table = Table(title="the same programs, two policies (time to first token as the agents saw it)")
+    rows = summary_rows(runs)
+    labels = {"ttft_mean_s": "TTFT mean s", "ttft_p95_s": "TTFT p95 s", "cache_hit_rate": "cache hits",
+              "held_requests": "held", "forced_admissions": "forced"}
+    for column in rows[0]:
+        table.add_column(labels.get(column, column.replace("_", " ")), justify="left" if column == "policy" else "right")
+    for row in rows:
+        table.add_row(*("—" if v is None else str(v) for v in row.values()))
+    console.print(table)
+    tiers = next((r for r in runs if r.policy == "maitred"), runs[0]).tiers
+    if tiers:
+        peak = max(tiers, key=lambda tc: tc[1]["cpu"] + tc[1]["waiting"])
+        console.print(f"programs per tier under maitred, at the most crowded moment ({peak[0]:.0f} s): "
+                      + ", ".join(f"{k} {v}" for k, v in peak[1].items()))
+    tools = [t for t in runs[0].tools if not t.get("signature") and t["tool"] != "*"]
+    if tools:
+        table = Table(title="tool durations the gateway learned (GET /v1/stats/tools)")
+        for column in ("tool", "n", "mean s", "min s", "max s"):
+            table.add_column(column, justify="left" if column == "tool" else "right")
+        for t in sorted(tools, key=lambda t: -t["n"]):
+            table.add_row(t["tool"], str(t["n"]), f"{t['mean_s']:.2f}", f"{t['min_s']:.2f}", f"{t['max_s']:.2f}")
+        console.print(table)
+    if png is not None:
+        console.print(f"wrote {png}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m maitred.runtime.service.livedemo``: the live demo from the command line."""
+    import argparse
+    import sys
+
+    from maitred.demo import NotADemoDatabase, fresh_sqlite
+
+    parser = argparse.ArgumentParser(prog="maitred live demo", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--programs", type=int, default=32, help="concurrent agent programs (default: 32)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=8, help="model steps of each program (default: 8)")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="demo seconds per traced tool second (default: 1)")
+    parser.add_argument("--db-file", default="maitred-demo.db", help="SQLite file to (re)create; only ever replaces an earlier demo's")
+    parser.add_argument("--png", default="maitred-demo.png", help="figure to write (default: maitred-demo.png)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = LiveDemoConfig(programs=args.programs, seed=args.seed, steps=args.steps, time_scale=args.time_scale,
+                             gpu_tokens=max(40_000, args.programs * 3_750), cpu_tokens=2 * max(40_000, args.programs * 3_750))
+        db_url = fresh_sqlite(Path(args.db_file))
+    except NotADemoDatabase as exc:
+        print(f"maitred: error: --db-file: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"maitred: error: {exc}", file=sys.stderr)
+        return 2
+    png = Path(args.png)
+    runs = run_live_demo(cfg, db_url, png)
+    print_summary(runs, png)
+    print(f"history: maitred stats tools --db {args.db_file}; maitred programs --db {args.db_file}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
