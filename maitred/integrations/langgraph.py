@@ -213,10 +213,11 @@ def _open_tool(request: ToolCallRequest, program_id: str | None, agent: str | No
         return None
 
 
-def _open_model(request: ModelRequest, program_id: str | None, agent: str | None, record: bool) -> tuple[_ModelRecord | None, ModelRequest]:
+def _open_model(request: ModelRequest, program_id: str | None, agent: str | None, record: bool,
+                tag: bool) -> tuple[_ModelRecord | None, ModelRequest]:
     try:
         call = _ModelRecord(request, program_id, agent)
-        tagged = call.tagged(request)
+        tagged = call.tagged(request) if tag else request
         if record:
             call.start()
         return (call if record else None), tagged
@@ -231,13 +232,17 @@ class MaitredMiddleware(AgentMiddleware):
     ``program_id`` and ``agent`` are fallbacks for runs whose config names neither.
     ``record_model_calls=False`` leaves the steps to the maitred gateway when every model
     request goes through it (it records them itself); the program id is attached either way.
+    ``tag_requests=False`` attaches nothing, for chat models whose client refuses the
+    ``extra_body`` / ``extra_headers`` keywords (the OpenAI and Anthropic clients take both).
     """
 
-    def __init__(self, *, program_id: str | None = None, agent: str | None = None, record_model_calls: bool = True) -> None:
+    def __init__(self, *, program_id: str | None = None, agent: str | None = None, record_model_calls: bool = True,
+                 tag_requests: bool = True) -> None:
         super().__init__()
         self.program_id = program_id
         self.agent = agent
         self.record_model_calls = record_model_calls
+        self.tag_requests = tag_requests
 
     def wrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolMessage | Command]) -> ToolMessage | Command:
         call = _open_tool(request, self.program_id, self.agent)
@@ -268,7 +273,7 @@ class MaitredMiddleware(AgentMiddleware):
         return result
 
     def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], Any]) -> Any:
-        call, tagged = _open_model(request, self.program_id, self.agent, self.record_model_calls)
+        call, tagged = _open_model(request, self.program_id, self.agent, self.record_model_calls, self.tag_requests)
         try:
             response = handler(tagged)
         except BaseException:
@@ -280,7 +285,7 @@ class MaitredMiddleware(AgentMiddleware):
         return response
 
     async def awrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[Any]]) -> Any:
-        call, tagged = _open_model(request, self.program_id, self.agent, self.record_model_calls)
+        call, tagged = _open_model(request, self.program_id, self.agent, self.record_model_calls, self.tag_requests)
         try:
             response = await handler(tagged)
         except BaseException:

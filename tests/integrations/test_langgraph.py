@@ -237,3 +237,12 @@ def test_supervisor_handoffs_and_the_hand_back_reach_the_callback_handler(sink):
     tools = {e.call_id: (e.tool, e.agent) for e in sink.of_type("tool.start")}
     assert tools == {"call_to_math": ("transfer_to_math_expert", "supervisor"), "call_math_add": ("add", "math_expert")}
     assert {e.program_id for e in sink.events} == {"sup-1"}
+
+
+def test_tagging_can_be_turned_off_for_clients_that_refuse_extra_keywords(sink):
+    model = ScriptedChatModel(script=[calls(("add", "call_add_t"), args={"a": 1, "b": 2}), answer("3")])
+    agent = create_agent(model, [add], name="coder", middleware=[MaitredMiddleware(tag_requests=False)])
+    agent.invoke({"messages": [{"role": "user", "content": "1+2"}]}, config("t-untagged"))
+    assert model.seen_kwargs == [{}, {}]
+    assert [e.call_id for e in flushed(sink).of_type("tool.start")] == ["call_add_t"]
+    assert len(sink.of_type("llm.end")) == 2
