@@ -301,3 +301,19 @@ def test_calibrate_writes_a_cpu_profile(tmp_path):
     profile = EngineProfile.load(out)
     assert profile.device == "cpu" and "CPU run" in profile.notes
     assert profile.prefill_s_per_token > 0 and profile.h2d_bytes_per_s > 0 and profile.kv_bytes_per_token > 0
+
+
+def test_synthetic_tool_scale_and_subagents():
+    """tool_scale multiplies time in tools and changes nothing else; subagents turn a share of
+    idle phases into Agent-tool waits of 5–20 nominal steps; the defaults leave the trace as it was."""
+    base = generate(SyntheticSpec(programs=30, seed=1))
+    scaled = generate(SyntheticSpec(programs=30, seed=1, tool_scale=4))
+    for p, q in zip(base.programs, scaled.programs):
+        assert [s.input_tokens for s in p.steps] == [s.input_tokens for s in q.steps]
+        assert [t.duration_s * 4 for s in p.steps for t in s.tools] == pytest.approx([t.duration_s for s in q.steps for t in s.tools])
+    with_sub = generate(SyntheticSpec(programs=30, seed=1, subagents=0.5))
+    waits = [t.duration_s for p in with_sub.programs for s in p.steps for t in s.tools if t.signature == "Task:subagent"]
+    assert waits and all(5 * NOMINAL_STEP_S <= d <= 20 * (NOMINAL_STEP_S + 2.0) for d in waits)
+    assert generate(SyntheticSpec(programs=30, seed=1, subagents=0.0)) == base
+    with pytest.raises(ValueError, match="tool_scale"):
+        SyntheticSpec(tool_scale=0)

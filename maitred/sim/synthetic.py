@@ -20,7 +20,17 @@ long calls than 13%); σ = 1.1 for the busy phase is the compromise, and ``test_
 how close each target comes.
 
 ``test_synthetic`` checks the generated statistics against the targets. Options add multi-agent
-handoffs (a planner hands over to a coder, sharing part of its context) and human waits.
+handoffs (a planner hands over to a coder, sharing part of its context), human waits,
+subagents and a scale on time in tools:
+
+- ``subagents``: the share of idle phases that end in a call of Claude Code's Agent tool
+  (``Task``) instead of a long tool call: the parent waits while a subagent runs (MORI's trace
+  study, Figure 4: "a parent agent waiting on a subagent is itself idle"). The subagent's run
+  is drawn as 5–20 steps at the nominal step time with short calls between them. Only the
+  parent is replayed: the subagent's own model calls are not (their load on the engine is
+  missing, which flatters every policy equally).
+- ``tool_scale``: every tool duration (and subagent wait) times this; the programs are
+  otherwise the same draws, so ``tool_scale=4`` is the same workload with 4× the idle time.
 """
 
 import math
@@ -54,13 +64,17 @@ class SyntheticSpec:
     handoffs: float = 0.0     # share of programs in which a planner hands off to a coder
     human_waits: float = 0.0  # share of programs that wait once on a person
     deadlines: float = 0.5    # share of tool calls that declare a deadline (Bash's timeout)
+    subagents: float = 0.0    # share of idle phases spent waiting on a subagent (Agent tool)
+    tool_scale: float = 1.0   # every tool duration times this
 
     def __post_init__(self) -> None:
         if not (1 <= self.programs <= MAX_PROGRAMS and 1 <= self.min_steps <= self.max_steps <= MAX_STEPS):
             raise ValueError(f"programs must be in [1, {MAX_PROGRAMS:,}] and 1 <= min_steps <= max_steps <= {MAX_STEPS:,}")
-        for name in ("handoffs", "human_waits", "deadlines"):
+        for name in ("handoffs", "human_waits", "deadlines", "subagents"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must be a share in [0, 1]")
+        if not 0 < self.tool_scale <= 100:
+            raise ValueError("tool_scale must be in (0, 100]")
 
 
 def short_duration(rng: random.Random) -> float:
@@ -85,19 +99,34 @@ def phase_tools(rng: random.Random) -> list[float]:
     return [short_duration(rng) for _ in range(steps - 1)] + [long_duration(rng)]
 
 
-def _tool(rng: random.Random, duration: float, deadlines: float) -> ToolCall:
+SUBAGENT = -1.0  # marks an idle phase that waits on a subagent (its duration is drawn later)
+
+
+def subagent_duration(rng: random.Random) -> float:
+    """A subagent's run, as its parent waits for it: 5–20 steps at the nominal step time with
+    short calls between them."""
+    steps = rng.randint(5, 20)
+    return steps * NOMINAL_STEP_S + sum(short_duration(rng) for _ in range(steps - 1))
+
+
+def _tool(rng: random.Random, duration: float, spec: SyntheticSpec) -> ToolCall:
+    if duration == SUBAGENT:
+        return ToolCall("Task", subagent_duration(rng) * spec.tool_scale, None, "Task:subagent")
     name, signature = rng.choice(TOOLS_LONG if duration >= 2.0 else TOOLS_SHORT)
     deadline = None
-    if name == "Bash" and rng.random() < deadlines:
+    if name == "Bash" and rng.random() < spec.deadlines:
         deadline = max(120.0, duration * rng.uniform(1.5, 4.0))  # declared timeouts are generous
-    return ToolCall(name, duration, deadline, signature)
+    return ToolCall(name, duration * spec.tool_scale, deadline * spec.tool_scale if deadline else None, signature)
 
 
 def _program(index: int, rng: random.Random, spec: SyntheticSpec) -> ProgramTrace:
     n_steps = rng.randint(spec.min_steps, spec.max_steps)
     durations: list[float] = []
     while len(durations) < n_steps - 1:
-        durations.extend(phase_tools(rng))
+        phase = phase_tools(rng)
+        if spec.subagents and rng.random() < spec.subagents:
+            phase[-1] = SUBAGENT
+        durations.extend(phase)
     multi = rng.random() < spec.handoffs
     agent = "planner" if multi else "claude-code"
     handoff_at = rng.randint(3, max(3, n_steps // 3)) if multi else None
@@ -112,7 +141,7 @@ def _program(index: int, rng: random.Random, spec: SyntheticSpec) -> ProgramTrac
             context = PREFIX["coder"] + shared
             handoff_tokens = context
         output = int(min(max(math.exp(rng.gauss(math.log(120), 0.8)), 10), 2_000))
-        tools = (_tool(rng, durations[i], spec.deadlines),) if i < n_steps - 1 else ()
+        tools = (_tool(rng, durations[i], spec),) if i < n_steps - 1 else ()
         wait = math.exp(rng.gauss(math.log(30), 1.0)) if i == wait_at else 0.0
         steps.append(Step(agent, context, output, tools, wait, handoff_tokens))
         context += output + int(min(max(math.exp(rng.gauss(math.log(500), 1.0)), 20), 20_000))
