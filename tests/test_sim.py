@@ -317,3 +317,11 @@ def test_synthetic_tool_scale_and_subagents():
     assert generate(SyntheticSpec(programs=30, seed=1, subagents=0.0)) == base
     with pytest.raises(ValueError, match="tool_scale"):
         SyntheticSpec(tool_scale=0)
+
+
+def test_built_in_profiles_load_by_name_and_follow_their_sources():
+    """The 70B profile's KV per token is Llama-3.1-70B's shape (2 × 80 layers × 8 heads × 128 × 2 B)."""
+    assert EngineProfile.load("h100-7b") == PROFILE
+    big = EngineProfile.load("b200x2-70b")
+    assert big.kv_bytes_per_token == 2 * 80 * 8 * 128 * 2 and big.gpu_kv_tokens < PROFILE.gpu_kv_tokens
+    assert EngineProfile.load("h200-7b").gpu_kv_tokens > PROFILE.gpu_kv_tokens

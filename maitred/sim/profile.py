@@ -15,6 +15,21 @@ BF16 with Qwen2.5-7B's shape (28 layers, 4 KV heads of dimension 128):
 - Host↔GPU: PCIe Gen5 x16 moves KV pages at ~25 GB/s in practice (paged, not one big copy).
 - Chunked prefill of 8,192 tokens per step; at most 256 running requests.
 
+Two more built-in profiles, the other configurations of MORI's evaluation, by name wherever a
+profile path is taken (``--profile h200-7b``), derived the same way:
+
+- ``h200-7b``: H200 (141 GB HBM3e, 4.8 TB/s, the same 989 TFLOP/s dense BF16 as H100; NVIDIA
+  H200 datasheet) with the same 7B model: 141 × 0.9 − 15.2 − 4 ≈ 107.7 GB of KV ≈ 1,880,000
+  tokens; base 15.2 GB at ~4.3 TB/s effective ≈ 3.5 ms; attention 57 KB at ~4.3 TB/s ≈ 13 ns per
+  context token; prefill and PCIe as H100.
+- ``b200x2-70b``: two B200 (192 GB HBM3e and 8 TB/s each, 2.25 PFLOP/s dense BF16; NVIDIA DGX
+  B200 datasheet) serving Llama-3.1-70B at TP=2 (80 layers, 8 KV heads of 128): KV bytes per
+  token 2 × 80 × 8 × 128 × 2 = 327,680; KV capacity 384 × 0.9 − 141 (weights) − 12
+  (activations) ≈ 192.6 GB ≈ 588,000 tokens; base: 70.5 GB of weights per GPU at ~7 TB/s ≈ 10 ms
+  plus ~2 ms of tensor-parallel all-reduce; prefill 2 × 70.6 GFLOP per token at 45% of
+  2 × 2.25 PFLOP/s ≈ 70 µs; attention 328 KB per context token over 2 × ~7 TB/s ≈ 23 ns; decode
+  overhead 80 µs per sequence; host↔GPU over two PCIe Gen5 x16 links ≈ 50 GB/s.
+
 ``maitred calibrate`` measures these on real hardware and writes a profile in the same format.
 """
 
@@ -58,6 +73,9 @@ class EngineProfile:
 
     @classmethod
     def load(cls, path: str | Path) -> "EngineProfile":
+        """A profile JSON file, or the name of a built-in profile (``PROFILES``)."""
+        if str(path) in PROFILES:
+            return PROFILES[str(path)]
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as exc:
@@ -76,3 +94,16 @@ class EngineProfile:
             if wanted in (float, "float") and not (isinstance(value, (int, float)) and not isinstance(value, bool)):
                 raise ValueError(f"engine profile {path}: {key} must be a number, got {value!r}")
         return cls(**data)
+
+
+#: Built-in profiles by name (sources in the module docstring).
+PROFILES: dict[str, EngineProfile] = {
+    "h100-7b": EngineProfile(),
+    "h200-7b": EngineProfile(
+        name="h200-141gb-7b-gqa (assumed)", gpu_kv_tokens=1_880_000, step_base_s=0.0035,
+        attention_s_per_ctx_token=1.3e-8),
+    "b200x2-70b": EngineProfile(
+        name="2xb200-192gb-llama70b-tp2 (assumed)", gpu_kv_tokens=588_000, kv_bytes_per_token=327_680,
+        step_base_s=0.012, prefill_s_per_token=7.0e-5, decode_s_per_seq=8.0e-5, attention_s_per_ctx_token=2.3e-8,
+        h2d_bytes_per_s=50e9, d2h_bytes_per_s=50e9),
+}
