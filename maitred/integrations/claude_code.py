@@ -69,6 +69,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from maitred.events import Event
 
+__all__ = ["HOOK_EVENTS", "HookPayloadError", "add_arguments", "child_program_id", "command_word", "handle_payload", "main", "run", "to_events", "wire_events"]
+
 FRAMEWORK = "claude-code"
 #: The agent of a session's main thread (Claude Code names only subagents).
 MAIN_AGENT = "main"

@@ -45,6 +45,8 @@ from maitred.middleware.config import emit, new_id
 from maitred.middleware.context import scope
 from maitred.middleware.handoff import context_hash
 
+__all__ = ["PROGRAM_HEADER", "MaitredCallbackHandler", "MaitredMiddleware", "graph_agent", "handoff_targets", "program_and_agent", "shared_messages"]
+
 log = logging.getLogger("maitred")
 
 #: The header the gateway reads the program id from (SPEC 7.5); the body key is ``program_id``.

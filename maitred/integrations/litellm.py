@@ -45,6 +45,8 @@ from litellm.integrations.custom_logger import CustomLogger
 from maitred.events import LLMEnd, LLMStart, encode_event
 from maitred.middleware.config import emit
 
+__all__ = ["PROGRAM_HEADERS", "MaitredLogger", "llm_end_of", "maitred_logger", "normalize_base", "program_id_of"]
+
 log = logging.getLogger("maitred")
 
 #: Headers a client may name its program in, in the gateway's order (SPEC 7.5).

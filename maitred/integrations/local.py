@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
+__all__ = ["LocalCluster", "local_cluster"]
+
 
 @dataclass(frozen=True)
 class LocalCluster:

@@ -43,6 +43,8 @@ from agents.tracing import (
 from maitred.events import Handoff, LLMEnd, LLMStart, ToolEnd, ToolStart
 from maitred.middleware.config import emit, flush
 
+__all__ = ["MaitredRunHooks", "MaitredTracingProcessor"]
+
 log = logging.getLogger("maitred")
 
 
