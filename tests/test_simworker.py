@@ -711,7 +711,7 @@ def test_a_long_running_worker_forgets_conversations_it_holds_no_kv_for() -> Non
     from maitred.sim.profile import EngineProfile
 
     async def run() -> tuple[int, int, int]:
-        engine = RealtimeEngine(Worker("w", EngineProfile(), 2_000, 0), 1_000.0, typed_eviction=False, prune_floor_tokens=5_000)
+        engine = RealtimeEngine(Worker("w", EngineProfile(), 2_000, 0), 1_000.0, prune_floor_tokens=5_000)
         engine.start()
         try:
             for i in range(60):

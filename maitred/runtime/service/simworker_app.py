@@ -41,7 +41,7 @@ class SimWorker:
         self.cpu_tokens = config.cpu_tokens
         typed = config.radix_eviction_policy == "priority"
         worker = Worker("sim", self.profile, self.gpu_tokens, self.cpu_tokens, offload=self.cpu_tokens > 0, typed_eviction=typed)
-        self.engine = RealtimeEngine(worker, config.time_scale, typed_eviction=typed)
+        self.engine = RealtimeEngine(worker, config.time_scale)
         self.started = time.time()
         self.max_input = min(CONTEXT_LENGTH, self.gpu_tokens) - 1
         self.kv_events = KVEventsConfig.parse(config.kv_events_config) if config.kv_events_config else None

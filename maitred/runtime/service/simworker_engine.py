@@ -167,15 +167,14 @@ class Counters:
 class RealtimeEngine:
     """Runs ``worker`` in real time × ``time_scale``. All methods run on the event loop thread."""
 
-    def __init__(self, worker: Worker, time_scale: float, *, typed_eviction: bool,
-                 prune_floor_tokens: int = 1_000_000, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, worker: Worker, time_scale: float, *, prune_floor_tokens: int = 1_000_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.worker = worker
         #: called after every change of the engine's state (KV-event publishing hooks in here)
         self.on_change: Callable[[], None] | None = None
         #: the ``session_id`` a program's latest request carried (SGLang reports it in KV events)
         self.sessions: dict[str, str] = {}
         self.time_scale = time_scale
-        self.typed_eviction = typed_eviction
         self.index = ConversationIndex()
         self.counters = Counters()
         #: the index is pruned of conversations without KV once it holds this many tokens (it
@@ -211,11 +210,10 @@ class RealtimeEngine:
         pid = self.index.resolve(prompt, self.busy())
         if session_id is not None:
             self.sessions[pid] = session_id
-        if priority is not None and self.typed_eviction:  # SGLang's ratchet: a prefix keeps its highest priority
-            self.worker.priorities[pid] = max(priority, self.worker.priorities.get(pid, priority))
         self.index.record(pid, prompt.agent, prompt.ids + output_ids)
         now = self.now()
-        request = Request(pid, prompt.agent or "-", len(prompt.ids), len(output_ids), now, prompt.prefix)
+        # the engine keeps SGLang's ratchet: cached KV keeps the highest priority it was given
+        request = Request(pid, prompt.agent or "-", len(prompt.ids), len(output_ids), now, prompt.prefix, priority=priority)
         ticket = Ticket(request, stream, self.time_scale)
         self._tickets[id(request)] = ticket
         self.counters.requests += 1
