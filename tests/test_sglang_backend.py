@@ -392,6 +392,9 @@ def test_residency_follows_stores_evictions_and_host_copies() -> None:
     assert tracker.gaps == 2 and tracker.session_tokens("p1", "CPU_PINNED") == 0
     tracker.apply(decode_batch(_batch({"type": "AllBlocksCleared"})), seq=6)
     assert tracker.held_tokens() == 0 and tracker.session_tokens("p2") == 0 and tracker.session_tokens("nobody") == 0
+    tracker.apply(decode_batch(_batch(_stored([H1], None, 16, session="p3"))), seq=7)
+    tracker.apply(decode_batch(_batch(_stored([H2], None, 16, session="p4"))), seq=0)  # the worker restarted
+    assert tracker.restarts == 1 and tracker.session_tokens("p3") == 0 and tracker.session_tokens("p4") == 16
 
 
 def test_kv_event_endpoints_come_from_server_info() -> None:

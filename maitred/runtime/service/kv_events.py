@@ -24,7 +24,8 @@ are whatever the client put in the request's ``session_id`` (the gateway can for
 program id there: SGLang 0.5.23 accepts ``session_id`` on ``/generate``, ``/v1/completions`` and
 ``/v1/chat/completions`` without changing the prompt). A gap in ``seq`` means events were lost
 (PUB drops them for a slow subscriber): the tracker counts it, and its figures are then a lower
-bound until the cache is next cleared.
+bound until the cache is next cleared. A ``seq`` that goes back means the publisher restarted
+(with an empty cache): the tracker starts afresh.
 """
 
 import logging
@@ -133,6 +134,7 @@ class ResidencyTracker:
     batches: int = 0
     gaps: int = 0                    # sequence numbers skipped (events lost)
     orphans: int = 0                 # blocks stored under a parent never seen (depth undercounted)
+    restarts: int = 0                # sequence went back: the publisher restarted, state was reset
     last_seq: int | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -141,6 +143,11 @@ class ResidencyTracker:
             if seq is not None:
                 if self.last_seq is not None and seq > self.last_seq + 1:
                     self.gaps += seq - self.last_seq - 1
+                elif self.last_seq is not None and seq <= self.last_seq:
+                    # the counter went back: the publisher restarted, and a restarted worker's cache is empty
+                    self.restarts += 1
+                    self.blocks.clear()
+                    self.sessions.clear()
                 self.last_seq = seq
             self.batches += 1
             for event in batch.events:
