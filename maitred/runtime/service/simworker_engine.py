@@ -157,6 +157,8 @@ class Ticket:
 
 @dataclass
 class Counters:
+    """Cumulative figures for ``/metrics`` (SGLang counts a request when it finishes)."""
+
     requests: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
@@ -216,7 +218,6 @@ class RealtimeEngine:
         request = Request(pid, prompt.agent or "-", len(prompt.ids), len(output_ids), now, prompt.prefix, priority=priority)
         ticket = Ticket(request, stream, self.time_scale)
         self._tickets[id(request)] = ticket
-        self.counters.requests += 1
         try:
             self._dispatch(self.worker.submit(request, now))
         except Exception as exc:
@@ -256,6 +257,7 @@ class RealtimeEngine:
         for r in finished:
             ticket = self._tickets.pop(id(r))
             ticket.changed.set()
+            self.counters.requests += 1
             self.counters.generation_tokens += r.output
             ticket.done.set()
         if finished and self.index.tokens_held > self._prune_at:
