@@ -745,3 +745,16 @@ def test_conversation_index_follows_a_radix_caches_view_of_prompts() -> None:
     index.forget(a)
     assert index.resolve(Prompt(a1.ids + [7, 8, 9], 0, ""), busy=()) != a
     assert index.tokens_held == 4
+
+
+def test_the_token_cache_is_bounded_by_tokens_least_recently_used_out_first() -> None:
+    from maitred.runtime.service.simworker_tokens import _TokenCache, tokenize
+
+    cache = _TokenCache(max_tokens=10)
+    assert list(cache("a b c d")) == tokenize("a b c d")
+    cache("e f g h")
+    cache("a b c d")                 # used again: now the most recent
+    cache("i j k")                   # 11 tokens held: the least recently used ("e f g h") goes
+    assert list(cache._entries) == ["a b c d", "i j k"] and cache._tokens == 7
+    cache(" ".join("x" * 11))        # longer than the whole cache: answered, not kept
+    assert cache._tokens == 7

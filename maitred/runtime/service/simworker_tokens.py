@@ -17,10 +17,10 @@ assistant message contains, so a program's next prompt extends its previous prom
 output token for token, as with a real chat template.
 """
 
-import functools
 import json
 import re
 import zlib
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,10 +47,31 @@ def tokenize(text: str) -> list[int]:
     return list(_tokenize(text))
 
 
-@functools.lru_cache(maxsize=4096)
-def _tokenize(text: str) -> tuple[int, ...]:
-    """Memoised: agents resend their whole history every step, so most messages were seen before."""
-    return tuple(token_id(p) for p in WORD.findall(text))
+class _TokenCache:
+    """Token ids of recently seen texts, least recently used out first, bounded by the tokens it
+    holds (not by entries: one tool output can be a hundred thousand tokens)."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self._entries: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._tokens = 0
+        self._max = max_tokens
+
+    def __call__(self, text: str) -> tuple[int, ...]:
+        ids = self._entries.get(text)
+        if ids is not None:
+            self._entries.move_to_end(text)
+            return ids
+        ids = tuple(token_id(p) for p in WORD.findall(text))
+        if len(ids) <= self._max:
+            self._entries[text] = ids
+            self._tokens += len(ids)
+            while self._tokens > self._max:
+                self._tokens -= len(self._entries.popitem(last=False)[1])
+        return ids
+
+
+#: Memoised: agents resend their whole history every step, so most messages were seen before.
+_tokenize = _TokenCache(max_tokens=2_000_000)
 
 
 def count_tokens(text: str) -> int:
