@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from maitred.sim.profile import EngineProfile
-from maitred.sim.replay import SIM_POLICIES, RunConfig, run_one
+from maitred.sim.replay import DEFAULT_POLICIES, RunConfig, run_one
 from maitred.sim.traces import Trace, load_trace
 
 UNLIMITED = "unlimited"
@@ -25,7 +25,7 @@ BASELINES = ("round_robin", "cache_aware", "thunderagent", "thunderagent_offload
 @dataclass(frozen=True, slots=True)
 class Matrix:
     trace: str
-    policies: tuple[str, ...] = tuple(SIM_POLICIES)
+    policies: tuple[str, ...] = DEFAULT_POLICIES
     concurrencies: tuple[int, ...] = (20, 50, 80)
     cpu_ratios: tuple[float, ...] = (1.0, 2.0)
     duration_s: float = 3600.0
@@ -129,10 +129,12 @@ def report_markdown(matrix: Matrix, records: Sequence[dict], command: str) -> st
         lines.append("")
     if "maitred" in policies:
         lines += ["## maitred against the best baseline of each cell", "",
-                  "| cell | throughput × | mean TTFT change | share of unlimited | vs oracle |", "|---|---|---|---|---|"]
+                  "| cell | throughput × | mean TTFT change | share of unlimited | vs oracle | vs clairvoyant |",
+                  "|---|---|---|---|---|---|"]
         for c in concs:
             for r in ratios:
                 ours, limit, oracle = _cell(records, "maitred", c, r), _cell(records, UNLIMITED, c, r), _cell(records, "oracle", c, r)
+                seer = _ratio(ours, _cell(records, "clairvoyant", c, r), "throughput_tok_s")
                 tput, ttft = best_baseline(records, c, r, "throughput_tok_s"), best_baseline(records, c, r, "ttft_mean_s", lower=True)
                 speedup, ttft_ratio = _ratio(ours, tput, "throughput_tok_s"), _ratio(ours, ttft, "ttft_mean_s")
                 if speedup is None or ttft_ratio is None or tput is None or ttft is None:
@@ -140,7 +142,8 @@ def report_markdown(matrix: Matrix, records: Sequence[dict], command: str) -> st
                 share, vs_oracle = _ratio(ours, limit, "throughput_tok_s"), _ratio(ours, oracle, "throughput_tok_s")
                 lines.append(
                     f"| C={c} ×{r:g} | {speedup:.2f} ({tput['policy']}) | {(ttft_ratio - 1) * 100:+.0f}% ({ttft['policy']}) | "
-                    f"{'-' if share is None else f'{share:.0%}'} | {'-' if vs_oracle is None else f'{vs_oracle:.2f}'} |")
+                    f"{'-' if share is None else f'{share:.0%}'} | {'-' if vs_oracle is None else f'{vs_oracle:.2f}'} | "
+                    f"{'-' if seer is None else f'{seer:.2f}'} |")
         lines.append("")
     return "\n".join(lines)
 

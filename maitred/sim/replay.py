@@ -36,6 +36,7 @@ import numpy as np
 from maitred.events import Handoff, LLMEnd, ProgramEnd, ProgramResume, ProgramStart, ProgramWait, ToolEnd, ToolProgress, ToolStart
 from maitred.runtime import RuntimeState, Scheduler, SignalConfig, Tier, WorkerState
 from maitred.runtime.decisions import Decision
+from maitred.runtime.policies.clairvoyant import Clairvoyant
 from maitred.sim.engine import Request, Worker
 from maitred.sim.profile import EngineProfile
 from maitred.sim.traces import ProgramTrace, Trace
@@ -80,7 +81,12 @@ SIM_POLICIES: dict[str, SimPolicy] = {
                          hold_s=MAITRED_HOLD_S, urgent_s=MAITRED_URGENT_S),
     "oracle": SimPolicy("maitred", offload=True, typed=True, tiering=True, oracle=True, period_s=MAITRED_PERIOD_S,
                         hold_s=MAITRED_HOLD_S, urgent_s=MAITRED_URGENT_S),
+    # the reference every policy is read against: told each program's next request time
+    "clairvoyant": SimPolicy("clairvoyant", offload=True, typed=True, tiering=True, labels=True,
+                             period_s=MAITRED_PERIOD_S, hold_s=TA_HOLD_S, urgent_s=MAITRED_URGENT_S),
 }
+#: What a matrix runs unless told otherwise (the clairvoyant reference is asked for by name).
+DEFAULT_POLICIES = tuple(name for name in SIM_POLICIES if name != "clairvoyant")
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +186,8 @@ class Replay:
             [WorkerState(w, gpu_tokens=gpu, cpu_tokens=host) for w in self.workers],
             SignalConfig(period_s=cfg.period),
         )
-        self.scheduler = Scheduler(self.state, self.sim.runtime)
+        self.clairvoyant = Clairvoyant() if self.sim.runtime == "clairvoyant" else None
+        self.scheduler = Scheduler(self.state, self.clairvoyant or self.sim.runtime)
         self.heap: list[tuple[float, int, str, object]] = []
         self.seq = itertools.count()
         self.versions = dict.fromkeys(self.workers, 0)
@@ -304,6 +311,12 @@ class Replay:
             self.state.apply(Handoff(ts=max(t, 1e-6), program_id=run.pid, agent=previous, from_agent=previous,
                                      to_agent=nxt.agent,
                                      context_tokens=max(context - self.trace.prefix_tokens.get(nxt.agent, 0), 0)))
+        if self.clairvoyant is not None:
+            step = steps[run.step]
+            if run.step + 1 < len(steps):
+                self.clairvoyant.next_use[run.pid] = t + sum(tool.duration_s for tool in step.tools) + step.human_wait_s
+            else:
+                self.clairvoyant.next_use.pop(run.pid, None)
         run.tool = 0
         self._next_tool(run, t)
 
