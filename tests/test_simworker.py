@@ -253,15 +253,16 @@ def test_evicted_kv_is_loaded_back_from_host_memory_with_hicache() -> None:
         'model_name="maitred-sim-worker",pp_rank="0",tp_rank="0",', "").replace('{,', "{")
 
 
-def test_kv_events_tell_what_the_next_request_will_find_cached() -> None:
+@pytest.mark.parametrize("cpu_tokens", [0, 10_000])
+def test_kv_events_tell_what_the_next_request_will_find_cached(cpu_tokens: int) -> None:
     """With --kv-events-config the double publishes SGLang-format KV events; the residency the
-    tracker folds from them for a session is what that session's next request finds cached (to
-    the 16-token block), before and after eviction."""
+    tracker folds from them for a session (on the GPU, or in host memory with HiCache) is what
+    that session's next request finds cached (to the 16-token block), before and after eviction."""
     pytest.importorskip("zmq", reason="the kv-events extra (pyzmq) is not installed")
     from maitred.runtime.service.kv_events import KVEventSubscriber, endpoints_from_server_info
 
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    config = SimWorkerConfig(port=0, gpu_tokens=3_500, time_scale=50.0,
+    config = SimWorkerConfig(port=0, gpu_tokens=3_500, cpu_tokens=cpu_tokens, time_scale=50.0,
                              kv_events_config=json.dumps({"publisher": "zmq", "endpoint": endpoint}))
     system = {"role": "system", "content": SYSTEM}
     with SimWorkerThread(config) as w, httpx.Client() as client:
@@ -289,10 +290,12 @@ def test_kv_events_tell_what_the_next_request_will_find_cached() -> None:
             a += [first["choices"][0]["message"], {"role": "user", "content": "go on"}]
             step("prog-b", [system, {"role": "user", "content": _words("b", 1200)}])
             step("prog-c", [system, {"role": "user", "content": _words("c", 1500)}])
-            tracked = sub.tracker.session_tokens("prog-a")
+            on_gpu = sub.tracker.session_tokens("prog-a")
+            on_host = sub.tracker.session_tokens("prog-a", "CPU_PINNED")
             cached = step("prog-a", a)["usage"]["prompt_tokens_details"]["cached_tokens"]
-    assert tracked < first["usage"]["total_tokens"]  # C evicted part of A
-    assert 0 <= cached - tracked < 16
+    assert on_gpu < first["usage"]["total_tokens"]  # C evicted part of A from the GPU
+    assert (on_host > on_gpu) == bool(cpu_tokens)   # HiCache kept a host copy
+    assert 0 <= cached - max(on_gpu, on_host) < 16
     assert sub.malformed == 0 and sub.tracker.orphans == 0
 
 
