@@ -265,3 +265,16 @@ def test_clairvoyant_keeps_the_program_needed_soonest_per_token_on_the_gpu():
     decision = Scheduler(st_, policy).tick(NOW)
     assert [(m.program_id, m.dst) for m in decision.tier_moves] == [("late", Tier.CPU)]
     assert decision.priorities["soon"] > decision.priorities["late"]
+
+
+def test_a_host_tier_program_predicted_back_is_promoted_ahead_of_its_request():
+    """t is still in its tool but its ETA says it returns within the period (r = 1), and the GPU
+    has room: it comes up now, before it asks; u (no prediction of a return) stays."""
+    t = program("t", tokens=2_488, home="w0", tier=Tier.CPU, cycles=[(9, 1)])
+    t.tool.eta_s, t.tool.eta_at = 0.2, NOW
+    u = program("u", tokens=2_488, home="w0", tier=Tier.CPU, cycles=[(9, 1)], tool_started=NOW)
+    t.phase_since = u.phase_since = NOW
+    st_ = state([("w0", 20_000, 20_000)], [t, u])
+    view = st_.view(NOW)
+    assert view.signals["t"].readiness.r == 1 and view.signals["u"].readiness.r == 0
+    assert [(m.program_id, m.dst) for m in plan_tiers(view, promote_waiting=True).moves] == [("t", Tier.GPU)]
