@@ -28,6 +28,9 @@ from maitred.sim.engine import Request, Worker
 
 PAGE = 16
 STREAM_INTERVAL_S = 0.02
+#: The engine is advanced at most this often (wall seconds): at high time scales a batch changes
+#: every few microseconds, and one wake-up catches up on all of them at once.
+MIN_WAKE_S = 0.001
 log = logging.getLogger(__name__)
 
 
@@ -290,7 +293,7 @@ class RealtimeEngine:
         while True:
             self._dispatch(self.worker.advance(self.now()))
             nxt = self.worker.next_event_time()
-            wait = None if nxt is None else max((nxt - self.now()) / self.time_scale, 0.0005)
+            wait = None if nxt is None else max((nxt - self.now()) / self.time_scale, MIN_WAKE_S)
             if any(t.stream and t.started.is_set() for t in self._tickets.values()):
                 wait = STREAM_INTERVAL_S if wait is None else min(wait, STREAM_INTERVAL_S)
             self._wake.clear()
