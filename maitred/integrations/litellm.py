@@ -106,6 +106,7 @@ class MaitredLogger(CustomLogger):
         self.admission_timeout_s = admission_timeout_s
         self.poll_s = poll_s
         self._client: httpx.AsyncClient | None = None
+        self._down = False  # reported once per outage, not once per request
 
     @property
     def runtime_url(self) -> str | None:
@@ -145,10 +146,16 @@ class MaitredLogger(CustomLogger):
         start = LLMStart(ts=time.time(), program_id=program_id, request_id=request_id, model=model)
         client = self._http()
         try:
-            await client.post(f"{url}/v1/events", json=[encode_event(start)])
-        except httpx.HTTPError as exc:
-            log.warning("maitred: runtime at %s unreachable, request not scheduled (%s)", url, exc)
+            response = await client.post(f"{url}/v1/events", json=[encode_event(start)])
+            response.raise_for_status()
+        except httpx.HTTPError as exc:  # down, or refusing us (a wrong token): never wait on it
+            if not self._down:
+                self._down = True
+                log.warning("maitred: runtime at %s unavailable, requests go unscheduled until it answers (%s)", url, exc)
             return None
+        if self._down:
+            self._down = False
+            log.warning("maitred: runtime at %s reachable again", url)
         deadline = time.monotonic() + self.admission_timeout_s
         worker = None
         while True:

@@ -157,3 +157,22 @@ def test_program_id_sources_and_a_call_without_one():
     assert program_id_of({"metadata": {}}) is None
     assert llm_end_of({"litellm_params": {"metadata": {}}, "standard_logging_object": {}}, "ok") is None
     assert normalize_base("HTTP://127.0.0.1:30001/v1/") == "http://127.0.0.1:30001"
+
+
+def test_an_unavailable_runtime_is_not_waited_on_and_is_reported_once(caplog):
+    import asyncio
+
+    from tests.helpers import free_port as closed_port
+
+    # An admission wait would outlast the test's timeout: the hook must not wait at all.
+    logger = MaitredLogger(f"http://127.0.0.1:{closed_port()}", admission_timeout_s=3600)
+    data = {"model": "sim", "metadata": {"program_id": "p-down"}, "messages": []}
+
+    async def twice() -> list[dict]:
+        return [await logger.async_pre_call_hook(None, None, dict(data), "completion") for _ in range(2)]
+
+    with caplog.at_level("WARNING", logger="maitred"):
+        results = asyncio.run(twice())
+    assert [r["program_id"] for r in results] == ["p-down", "p-down"]
+    assert all("maitred_worker" not in r["metadata"] for r in results)
+    assert len([r for r in caplog.records if "unavailable" in r.getMessage()]) == 1
