@@ -455,10 +455,8 @@ def _default_db() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "plugged", False):
-        return int(args.func(args))
     try:
-        if "db" in vars(args) and args.db is None:
+        if not getattr(args, "plugged", False) and "db" in vars(args) and args.db is None:
             args.db = _default_db()
         return int(args.func(args))
     except UsageError as exc:

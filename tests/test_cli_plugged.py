@@ -61,3 +61,16 @@ def test_claude_code_hook_records_a_payload_through_the_entry_point(tmp_path) ->
     with SessionStore(f"sqlite:///{db}", create=False) as store:
         assert [p.program_id for p in store.programs()] == ["s-1"]
 
+
+
+def test_sim_worker_on_a_taken_port_is_one_line(tmp_path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run("sim-worker", "--port", str(port))
+    assert result.returncode == 1
+    err = result.stderr.decode().strip()
+    assert "\n" not in err and f"--port {port}" in err
