@@ -61,7 +61,7 @@ def test_a_block_evicted_without_a_host_copy_is_gone():
     finish(w, req("q", 5_990))
     finish(w, req("p", 5_990), t=w.t)
     assert w.segments["q"].host == 6_000 and w.segments["p"].host == 0
-    finish(w, req("r", 13_000, output=0), t=w.t)  # evicts p (least recently used ... q is older)
+    finish(w, req("r", 13_000, output=0), t=w.t)  # r and s push q, then p, off the GPU (LRU)
     finish(w, req("s", 13_000, output=0), t=w.t)
     assert w.segments["p"].gpu == 0 and w.segments["p"].host == 0
     again = finish(w, req("p", 6_000, output=1), t=w.t)
