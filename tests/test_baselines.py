@@ -278,3 +278,12 @@ def test_a_host_tier_program_predicted_back_is_promoted_ahead_of_its_request():
     view = st_.view(NOW)
     assert view.signals["t"].readiness.r == 1 and view.signals["u"].readiness.r == 0
     assert [(m.program_id, m.dst) for m in plan_tiers(view, promote_waiting=True).moves] == [("t", Tier.GPU)]
+
+
+def test_readiness_history_per_signature_or_per_tool_is_a_replay_knob():
+    from maitred.sim.replay import Replay
+    from maitred.sim.synthetic import SyntheticSpec, generate
+
+    trace = generate(SyntheticSpec(programs=5, min_steps=2, max_steps=3))
+    assert Replay(trace, RunConfig("maitred", 2, gpu_tokens=200_000)).state.use_signature
+    assert not Replay(trace, RunConfig("maitred", 2, gpu_tokens=200_000, use_signature=False)).state.use_signature

@@ -101,6 +101,7 @@ class RunConfig:
     period_s: float | None = None        # None: the policy's own
     hold_timeout_s: float | None = None  # None: the policy's own
     stagger_s: float = 30.0         # slots start spread over this window
+    use_signature: bool = True      # readiness history per tool signature (else per tool; SPEC 7.2)
 
     def __post_init__(self) -> None:
         if self.policy not in SIM_POLICIES:
@@ -184,7 +185,7 @@ class Replay:
         }
         self.state = RuntimeState(
             [WorkerState(w, gpu_tokens=gpu, cpu_tokens=host) for w in self.workers],
-            SignalConfig(period_s=cfg.period),
+            SignalConfig(period_s=cfg.period), use_signature=cfg.use_signature,
         )
         self.clairvoyant = Clairvoyant() if self.sim.runtime == "clairvoyant" else None
         self.scheduler = Scheduler(self.state, self.clairvoyant or self.sim.runtime)
