@@ -271,27 +271,58 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from maitred.demo import NotADemoDatabase, fresh_sqlite, run_demo
+    """The live demo by default (two simulated workers behind the gateway, the same agent
+    programs under maitred and under round robin); ``--offline`` runs the instrumentation alone."""
+    from maitred.demo import NotADemoDatabase, fresh_sqlite
 
+    if not args.offline:
+        from maitred.runtime.service.livedemo import MAX_PROGRAMS
+
+        if args.programs is not None and args.programs > MAX_PROGRAMS:
+            raise UsageError(f"--programs: at most {MAX_PROGRAMS} in the live demo (one thread each against two workers)")
+        _writable_folder("--png", Path(args.png).absolute().parent)
     try:
         db_url = fresh_sqlite(Path(args.db_file))
     except NotADemoDatabase as exc:
         raise UsageError(f"--db-file: {exc}") from None
     except (OSError, sqlite3.Error) as exc:
         raise CliError(f"--db-file {args.db_file}: cannot create ({exc})") from None
-    console.print(f"running {args.programs} instrumented agent programs into {db_url} ...")
-    run_demo(db_url, programs=args.programs, seed=args.seed)
+    if args.offline:
+        _offline_demo(args, db_url)
+    else:
+        _live_demo(args, db_url)
+    console.print(f"Explore: maitred programs --db {args.db_file}\n"
+                  f"         maitred timeline {'demo' if args.offline else 'maitred'}-0 --db {args.db_file} --png timeline.png",
+                  soft_wrap=True)
+    return 0
+
+
+def _live_demo(args: argparse.Namespace, db_url: str) -> None:
+    from maitred.runtime.service.livedemo import LiveDemoConfig, print_summary, run_live_demo
+
+    programs = args.programs or LiveDemoConfig.programs
+    # GPU memory for about half of the programs' contexts: where the policy matters.
+    gpu_tokens = max(40_000, programs * 3_750)
+    cfg = LiveDemoConfig(programs=programs, seed=args.seed, steps=args.steps, gpu_tokens=gpu_tokens, cpu_tokens=2 * gpu_tokens)
+    png = Path(args.png)
+    with _writing("--png", png):
+        runs = run_live_demo(cfg, db_url, png, progress=console.print)
+    print_summary(runs, png)
+
+
+def _offline_demo(args: argparse.Namespace, db_url: str) -> None:
+    from maitred.demo import run_demo
+
+    console.print(f"running {args.programs or 6} instrumented agent programs into {db_url} ...")
+    run_demo(db_url, programs=args.programs or 6, seed=args.seed)
     with SessionStore(db_url, create=False) as store:
         console.print(tool_stats_table(store.tool_stats_all(), title="demo: tool durations (maitred stats tools)"))
         programs = store.programs()
     console.print(
         f"{len(programs)} programs, {sum(p.tool_calls for p in programs)} tool calls, "
-        f"{sum(p.llm_calls for p in programs)} model steps recorded.\n"
-        f"Explore: maitred programs --db {args.db_file}\n"
-        f"         maitred timeline demo-0 --db {args.db_file} --png timeline.png",
+        f"{sum(p.llm_calls for p in programs)} model steps recorded.",
         soft_wrap=True,
     )
-    return 0
 
 
 def _report_skipped(name: str, skipped: Sequence[str]) -> None:
@@ -414,10 +445,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_plugged(sub)
 
-    p = add("demo", cmd_demo, "run an instrumented multi-agent workload into SQLite and show its statistics")
+    p = add("demo", cmd_demo, "agent programs through the gateway to two simulated workers, maitred against round robin")
     p.add_argument("--db-file", default="maitred-demo.db", help="SQLite file to (re)create; only ever replaces an earlier demo's")
-    p.add_argument("--programs", type=_whole(1, MAX_DEMO_PROGRAMS), default=6, help="agent programs (threads) to run")
+    p.add_argument("--programs", type=_whole(1, MAX_DEMO_PROGRAMS), default=None,
+                   help="agent programs (threads) to run (default: 32, or 6 with --offline)")
+    p.add_argument("--steps", type=_whole(1, 64), default=8, help="model steps of each live program (default: 8)")
+    p.add_argument("--png", default="maitred-demo.png", help="figure of the live runs (default: maitred-demo.png)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--offline", action="store_true",
+                   help="no gateway: the instrumentation alone writes a small multi-agent workload into SQLite (seconds)")
     return parser
 
 

@@ -80,11 +80,29 @@ def test_unreachable_database_is_one_line_not_a_traceback(capsys):
     assert captured.err.startswith("maitred: error: database unavailable") and f"127.0.0.1:{port}/x" in captured.err
 
 
-def test_demo_command_runs_end_to_end(tmp_path):
+def test_offline_demo_runs_end_to_end(tmp_path):
     exe = Path(sys.executable).with_name("maitred")
-    result = subprocess.run([str(exe), "demo", "--programs", "3"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    result = subprocess.run([str(exe), "demo", "--offline", "--programs", "3"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "(all)" in result.stdout and "3 programs" in result.stdout
     with SessionStore(f"sqlite:///{tmp_path / 'maitred-demo.db'}") as store:
         assert {r.tool for r in store.tool_stats_all()} >= {"grep", "read_file", "bash", "*"}
         assert all(p.status == "ok" for p in store.programs())
+
+
+def test_live_demo_compares_maitred_with_round_robin_through_the_gateway(tmp_path):
+    """`make demo`: two simulated workers behind `maitred serve`, the same programs under both
+    policies; every request answered, the history stored, the figure written."""
+    exe = Path(sys.executable).with_name("maitred")
+    result = subprocess.run([str(exe), "demo", "--programs", "3", "--steps", "2"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stderr
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in result.stdout.splitlines() if line.startswith("│ ")]
+    policy_rows = {row[0][:7]: row for row in rows if row[0].startswith(("maitred", "round_r"))}
+    assert set(policy_rows) == {"maitred", "round_r"}
+    for policy, requests, errors, *_ in policy_rows.values():
+        assert int(requests) == 3 * 2 and errors == "0", policy
+    assert (tmp_path / "maitred-demo.png").stat().st_size > 0
+    with SessionStore(f"sqlite:///{tmp_path / 'maitred-demo.db'}", create=False) as store:
+        programs = {p.program_id for p in store.programs()}
+    assert {"maitred-0", "round_robin-0"} <= programs

@@ -71,7 +71,7 @@ def test_demo_refuses_a_directory(tmp_path, capsys):
 def test_demo_reruns_over_its_own_database(tmp_path):
     target = tmp_path / "demo.db"
     for _ in range(2):
-        result = subprocess.run([MAITRED, "demo", "--db-file", str(target), "--programs", "2"],
+        result = subprocess.run([MAITRED, "demo", "--offline", "--db-file", str(target), "--programs", "2"],
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr
         assert "2 programs" in result.stdout

@@ -34,6 +34,9 @@ from maitred.runtime.service.simworker import SimWorkerConfig, create_app
 from maitred.sim.synthetic import SyntheticSpec, generate
 from maitred.sim.traces import ProgramTrace
 
+#: One thread per program against two workers: beyond this the demo measures the threads.
+MAX_PROGRAMS = 200
+
 
 @dataclass(frozen=True)
 class LiveDemoConfig:
@@ -48,8 +51,8 @@ class LiveDemoConfig:
     policies: tuple[str, ...] = ("maitred", "round_robin")
 
     def __post_init__(self) -> None:
-        if not 1 <= self.programs <= 200:
-            raise ValueError(f"programs: 1 to 200, got {self.programs}")
+        if not 1 <= self.programs <= MAX_PROGRAMS:
+            raise ValueError(f"programs: 1 to {MAX_PROGRAMS}, got {self.programs}")
         if self.steps < 1 or self.time_scale <= 0 or self.engine_speedup <= 0:
             raise ValueError("steps must be at least 1; time_scale and engine_speedup positive")
 
@@ -258,39 +261,3 @@ def print_summary(runs: list[RunSummary], png: Path | None) -> None:
         console.print(table)
     if png is not None:
         console.print(f"wrote {png}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m maitred.runtime.service.livedemo``: the live demo from the command line."""
-    import argparse
-    import sys
-
-    from maitred.demo import NotADemoDatabase, fresh_sqlite
-
-    parser = argparse.ArgumentParser(prog="maitred live demo", description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--programs", type=int, default=32, help="concurrent agent programs (default: 32)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=8, help="model steps of each program (default: 8)")
-    parser.add_argument("--time-scale", type=float, default=1.0, help="demo seconds per traced tool second (default: 1)")
-    parser.add_argument("--db-file", default="maitred-demo.db", help="SQLite file to (re)create; only ever replaces an earlier demo's")
-    parser.add_argument("--png", default="maitred-demo.png", help="figure to write (default: maitred-demo.png)")
-    args = parser.parse_args(argv)
-    try:
-        cfg = LiveDemoConfig(programs=args.programs, seed=args.seed, steps=args.steps, time_scale=args.time_scale,
-                             gpu_tokens=max(40_000, args.programs * 3_750), cpu_tokens=2 * max(40_000, args.programs * 3_750))
-        db_url = fresh_sqlite(Path(args.db_file))
-    except NotADemoDatabase as exc:
-        print(f"maitred: error: --db-file: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:
-        print(f"maitred: error: {exc}", file=sys.stderr)
-        return 2
-    png = Path(args.png)
-    runs = run_live_demo(cfg, db_url, png)
-    print_summary(runs, png)
-    print(f"history: maitred stats tools --db {args.db_file}; maitred programs --db {args.db_file}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
