@@ -40,6 +40,11 @@ def _json(value: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(value), status_code=status, media_type="application/json")
 
 
+def _hook_answer(status: int, *, accepted: int, mapped: bool) -> Response:
+    return Response(b"{}", status_code=status, media_type="application/json",
+                    headers={"x-maitred-accepted": str(accepted), "x-maitred-mapped": "true" if mapped else "false"})
+
+
 def _stats(name: str, s: DurationStats) -> dict[str, Any]:
     return {"tool": name, "n": s.n, "mean_s": s.mean, "std_s": s.std, "min_s": s.lo if s.n else None,
             "max_s": s.hi if s.n else None}
@@ -64,8 +69,6 @@ def add_admin_routes(app: FastAPI, runtime: Runtime, *, token: str | None, max_e
             batch = loads_batch(raw)
         except EventError as exc:
             raise HTTPProblem(400, str(exc), field=exc.field) from None
-        except UnicodeDecodeError as exc:
-            raise HTTPProblem(400, f"body: not UTF-8 ({exc.reason} at byte {exc.start})", field="body") from None
         rejected = [{"index": r.index, "field": r.field, "reason": r.reason} for r in batch.rejected]
         if rejected:
             runtime.metrics.dropped_events.labels("invalid").inc(len(rejected))
@@ -77,19 +80,20 @@ def add_admin_routes(app: FastAPI, runtime: Runtime, *, token: str | None, max_e
         return _json({"accepted": len(batch.events), "rejected": rejected})
 
     async def claude_code(request: Request) -> Response:
+        """Claude Code reads an http hook's 2xx body as hook output (for SessionStart and
+        UserPromptSubmit, output can reach the model's context), so the body is an empty
+        object, which asks nothing of Claude Code; what was recorded travels in headers."""
         payload = parse_json_object(await read_body(request, max_events_bytes))
         if mapper is None:
             runtime.metrics.dropped_events.labels("unmapped_hook").inc()
-            return _json({"accepted": 0, "mapped": False,
-                          "reason": "maitred.integrations.claude_code is not available in this build; payload not recorded"},
-                         202)
+            return _hook_answer(202, accepted=0, mapped=False)
         try:
             mapped = mapper(payload, time.time())
         except payload_error as exc:
             raise HTTPProblem(400, f"hook payload: {exc}", field="payload") from None
         if mapped:
             runtime.ingest(mapped)
-        return _json({"accepted": len(mapped), "mapped": True})
+        return _hook_answer(200, accepted=len(mapped), mapped=True)
 
     async def programs(request: Request) -> Response:
         return _json(runtime.describe())
