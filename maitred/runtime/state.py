@@ -53,6 +53,8 @@ HANDOFF_TTL_S = 120.0
 #: Tool calls whose end had not been seen when the program's next step began, kept so that a
 #: late ``tool.end`` still counts in the history (oldest forgotten first past this many).
 MAX_LATE_TOOLS = 10_000
+#: Ended programs remembered so that their late events do not bring them back (oldest forgotten first).
+MAX_ENDED = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +165,7 @@ class RuntimeState:
         self._copies: dict[str, ProgramState] = {}
         self._history_copy: ToolHistory | None = None
         self._late_tools: OrderedDict[tuple[str, str], OpenTool] = OrderedDict()
+        self._ended: OrderedDict[str, float] = OrderedDict()
 
     def touch(self, program_id: str) -> None:
         """Mark a program changed, so the next snapshot copies it again."""
@@ -222,10 +225,22 @@ class RuntimeState:
         p.phase, p.phase_since = phase, max(ts, p.phase_since)
 
     def apply(self, event: Event) -> None:
+        """Events stamped at or before their program's end are late news of a finished program
+        (a proxy logs a step's ``llm.end`` after answering, hooks race): they never bring it
+        back, where it would be placed and hold GPU room; a late ``tool.end`` still teaches the
+        tool history. Events after the end are a new life of the program (a resumed session)."""
         handler = _HANDLERS.get(type(event))
-        if handler is not None:
-            self.touch(event.program_id)
-            handler(self, event)
+        if handler is None:
+            return
+        ended_at = self._ended.get(event.program_id)
+        if ended_at is not None:
+            if event.ts <= ended_at:
+                if isinstance(event, ToolEnd):
+                    self._tool_end(event)
+                return
+            del self._ended[event.program_id]
+        self.touch(event.program_id)
+        handler(self, event)
 
     def _program_start(self, e: ProgramStart) -> None:
         p = self.program_for(e)
@@ -234,6 +249,9 @@ class RuntimeState:
 
     def _program_end(self, e: ProgramEnd) -> None:
         self.programs.pop(e.program_id, None)
+        self._ended[e.program_id] = e.ts
+        if len(self._ended) > MAX_ENDED:
+            self._ended.popitem(last=False)
         self.handoffs = [h for h in self.handoffs if h.program_id != e.program_id]
 
     def _llm_start(self, e: LLMStart) -> None:
