@@ -38,3 +38,15 @@ def test_a_start_after_the_end_is_a_new_life() -> None:
     state.apply(ProgramEnd(ts=31.0, program_id="p", status="ok"))
     state.apply(LLMEnd(ts=30.5, program_id="p", request_id="r2", prompt_tokens=6_000, completion_tokens=10, worker="w0"))
     assert "p" not in state.programs
+
+
+def test_a_tool_end_that_overtook_its_start_closes_the_call() -> None:
+    """Claude Code's async hooks run concurrently: a fast tool's PostToolUse can arrive first."""
+    state = RuntimeState([WorkerState("w0", gpu_tokens=100_000, cpu_tokens=200_000)])
+    state.apply(LLMStart(ts=10.0, program_id="p", request_id="r1", prompt_tokens=5_000))
+    state.apply(LLMEnd(ts=11.0, program_id="p", request_id="r1", prompt_tokens=5_000, completion_tokens=50, worker="w0"))
+    state.apply(ToolEnd(ts=11.4, program_id="p", call_id="c", status="ok"))
+    state.apply(ToolStart(ts=11.1, program_id="p", call_id="c", tool="grep"))
+    p = state.programs["p"]
+    assert p.tool is None and p.returned
+    assert state.history.by_tool["grep"].n == 1 and abs(state.history.by_tool["grep"].mean - 0.3) < 1e-9

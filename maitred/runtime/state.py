@@ -166,6 +166,7 @@ class RuntimeState:
         self._history_copy: ToolHistory | None = None
         self._late_tools: OrderedDict[tuple[str, str], OpenTool] = OrderedDict()
         self._ended: OrderedDict[str, float] = OrderedDict()
+        self._early_ends: OrderedDict[tuple[str, str], ToolEnd] = OrderedDict()
 
     def touch(self, program_id: str) -> None:
         """Mark a program changed, so the next snapshot copies it again."""
@@ -298,9 +299,16 @@ class RuntimeState:
     def _tool_start(self, e: ToolStart) -> None:
         """Events come through a batched channel while model requests reach the gateway at
         once, so a tool's events may arrive after the step that followed it began: such a
-        ``tool.start`` (older than the running step) only waits for its end, for the history."""
+        ``tool.start`` (older than the running step) only waits for its end, for the history.
+        Concurrent hooks may even deliver a fast tool's end before its start: the start then
+        closes the call at once instead of leaving it open until the next one."""
         p = self.program_for(e)
         tool = OpenTool(e.call_id, e.tool, e.signature, e.ts, e.deadline_s)
+        early = self._early_ends.pop((p.program_id, e.call_id), None)
+        if early is not None:  # its end came first (hooks run concurrently): a finished call
+            self._record_tool(tool, early)
+            p.returned = p.returned or p.phase is Phase.ACTING
+            return
         if p.phase is Phase.REASONING and e.ts < p.phase_since:
             self._stash_late(p.program_id, tool)
             return
@@ -319,6 +327,10 @@ class RuntimeState:
             late = self._late_tools.pop((e.program_id, e.call_id), None)
             if late is not None:
                 self._record_tool(late, e)
+            elif p is not None:
+                self._early_ends[(e.program_id, e.call_id)] = e
+                if len(self._early_ends) > MAX_LATE_TOOLS:
+                    self._early_ends.popitem(last=False)
             return
         self._record_tool(p.tool, e)
         p.returned = True
