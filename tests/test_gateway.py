@@ -272,6 +272,25 @@ async def test_under_memory_pressure_idle_programs_are_demoted_newcomers_held_an
             assert (await client.get(f"/v1/programs/{pid}")).json()["tier"] == "gpu"
 
 
+async def test_admission_for_requests_that_reach_the_workers_another_way(cluster):
+    """``POST /v1/admit`` (the LiteLLM callback's path): a program that fits is answered at once
+    with its worker; one that does not is held like a gateway request, then let through."""
+    c = cluster(workers=1, gpu_tokens=6_000, runtime=replace(FAST, hold_timeout_s=1.0), token="t")
+    auth = {"Authorization": "Bearer t"}
+    async with httpx.AsyncClient(base_url=c.url, timeout=60, headers=auth) as client:
+        r = await client.post("/v1/admit", json={"program_id": "lit-1", "model": "m", "prompt_tokens": 3_000})
+        assert r.status_code == 200, r.text
+        assert r.json()["worker"] == c.workers[0].url and not r.json()["forced"] and r.json()["waited_s"] < 0.5
+        assert (await client.get("/v1/programs/lit-1")).json()["phase"] == "reasoning"
+        r = await client.post("/v1/admit", json={"program_id": "lit-2", "prompt_tokens": 5_000})
+        assert r.status_code == 200 and r.json()["forced"] and r.json()["waited_s"] >= 0.9, r.text
+        for body, field in (({"program_id": "x", "tokens": 3}, "tokens"), ({"model": "m"}, "program_id"),
+                            ({"program_id": "x", "prompt_tokens": -1}, "prompt_tokens")):
+            r = await client.post("/v1/admit", json=body)
+            assert r.status_code == 400 and r.json()["error"]["field"] == field, r.text
+        assert (await client.post("/v1/admit", json={"program_id": "x"}, headers={"Authorization": "Bearer no"})).status_code == 401
+
+
 # -- failures inside the gateway ------------------------------------------------------------------------
 
 

@@ -11,10 +11,10 @@ over the same workers) each request of a program:
 
 1. ``async_pre_call_hook``: the program id is taken from the body (``program_id``, or
    ``metadata.program_id``) or the requester's headers (``X-Program-Id``,
-   ``x-litellm-session-id``, ``X-Claude-Code-Session-Id``). The hook tells the runtime the
-   program wants the GPU (an ``llm.start``), then waits until the runtime admits it (the program
-   has a home worker in the GPU tier) for at most ``admission_timeout_s``, after which it goes
-   anyway, like the gateway's forced admission. It writes ``program_id`` into the forwarded body,
+   ``x-litellm-session-id``, ``X-Claude-Code-Session-Id``). The hook asks the runtime for
+   admission (``POST /v1/admit``, which records the ``llm.start``): the runtime answers at once
+   when the program fits, else when a scheduling step admits it or its hold bound passes (then
+   it goes anyway, like the gateway's forced admission), with the program's worker. It writes ``program_id`` into the forwarded body,
    because LiteLLM forwards neither client headers nor ``metadata`` to a deployment.
 2. ``async_filter_deployments``: keeps the deployment whose normalised ``api_base`` is the
    program's worker, on every request, streaming included; if none matches, all are kept (a
@@ -31,7 +31,6 @@ each hook is defined here on ``MaitredLogger`` itself, not inherited.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
@@ -42,7 +41,7 @@ from typing import Any
 import httpx
 from litellm.integrations.custom_logger import CustomLogger
 
-from maitred.events import LLMEnd, LLMStart, encode_event
+from maitred.events import LLMEnd
 from maitred.middleware.config import emit
 
 __all__ = ["PROGRAM_HEADERS", "MaitredLogger", "llm_end_of", "maitred_logger", "normalize_base", "program_id_of"]
@@ -98,13 +97,11 @@ class MaitredLogger(CustomLogger):
     """The LiteLLM proxy callback. ``runtime_url`` defaults to ``$MAITRED_URL``; without one, only
     the llm events are recorded (to the store) and nothing is held or routed."""
 
-    def __init__(self, runtime_url: str | None = None, *, token: str | None = None, admission_timeout_s: float = 60.0,
-                 poll_s: float = 0.05) -> None:
+    def __init__(self, runtime_url: str | None = None, *, token: str | None = None, admission_timeout_s: float = 60.0) -> None:
         super().__init__()
         self._runtime_url = runtime_url
         self._token = token
         self.admission_timeout_s = admission_timeout_s
-        self.poll_s = poll_s
         self._client: httpx.AsyncClient | None = None
         self._down = False  # reported once per outage, not once per request
 
@@ -140,15 +137,17 @@ class MaitredLogger(CustomLogger):
         return data
 
     async def _admitted(self, url: str, program_id: str, data: Mapping[str, Any]) -> str | None:
-        """Tell the runtime the program wants the GPU; wait until it has a GPU-tier home worker."""
-        request_id = str(data.get("litellm_call_id") or uuid.uuid4())
-        model = data.get("model") if isinstance(data.get("model"), str) else None
-        start = LLMStart(ts=time.time(), program_id=program_id, request_id=request_id, model=model)
-        client = self._http()
+        """Ask the runtime for admission (``POST /v1/admit``): it answers once the program may
+        run, with its worker; the runtime bounds the wait (its hold bound), and so does
+        ``admission_timeout_s``. A runtime that is down or refuses us is never waited on."""
+        body: dict[str, Any] = {"program_id": program_id, "request_id": str(data.get("litellm_call_id") or uuid.uuid4())}
+        if isinstance(data.get("model"), str):
+            body["model"] = data["model"]
         try:
-            response = await client.post(f"{url}/v1/events", json=[encode_event(start)])
+            response = await self._http().post(f"{url}/v1/admit", json=body, timeout=self.admission_timeout_s)
             response.raise_for_status()
-        except httpx.HTTPError as exc:  # down, or refusing us (a wrong token): never wait on it
+            worker = response.json().get("worker")
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
             if not self._down:
                 self._down = True
                 log.warning("maitred: runtime at %s unavailable, requests go unscheduled until it answers (%s)", url, exc)
@@ -156,20 +155,7 @@ class MaitredLogger(CustomLogger):
         if self._down:
             self._down = False
             log.warning("maitred: runtime at %s reachable again", url)
-        deadline = time.monotonic() + self.admission_timeout_s
-        worker = None
-        while True:
-            try:
-                response = await client.get(f"{url}/v1/programs/{program_id}")
-                info = response.json() if response.status_code == 200 else {}
-            except (httpx.HTTPError, ValueError):
-                info = {}
-            worker = info.get("worker")
-            if worker and info.get("gpu_tier"):
-                return normalize_base(worker)
-            if time.monotonic() >= deadline:
-                return normalize_base(worker)  # bounded wait: go anyway, to its home if it has one
-            await asyncio.sleep(self.poll_s)
+        return normalize_base(worker) if isinstance(worker, str) else None
 
     async def async_filter_deployments(self, model: str, healthy_deployments: list, messages: Any,
                                        request_kwargs: dict | None = None, parent_otel_span: Any = None) -> list:

@@ -3,7 +3,9 @@
 ``POST /v1/events`` takes a JSON array or NDJSON (``maitred.events.loads_batch``): good events
 go into the live state and the store, bad ones are answered by index with the field and
 reason; the answer is 4xx only when nothing in the batch was valid. ``POST
-/v1/hooks/claude-code`` takes a Claude Code hook payload as Claude Code posts it. Ingest and
+/v1/hooks/claude-code`` takes a Claude Code hook payload as Claude Code posts it. ``POST
+/v1/admit`` is the gateway's admission for requests that reach the workers another way (the
+LiteLLM callback): it answers once the program may run, with its worker. Ingest and
 admin endpoints take the bearer token when one is set; ``/metrics`` and ``/healthz`` stay open
 for scrapers and load balancers (they name no programs).
 """
@@ -11,20 +13,23 @@ for scrapers and load balancers (they name no programs).
 import asyncio
 import importlib
 import time
+import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from maitred.events import Event, EventError, loads_batch
+from maitred.events import Event, EventError, LLMStart, decode_event, loads_batch
 from maitred.runtime.history import DurationStats
 from maitred.runtime.service.guard import HTTPProblem, check_token, parse_json_object, read_body
-from maitred.runtime.service.loop import Runtime
+from maitred.runtime.service.loop import NoWorkerAvailable, Runtime
 from maitred.runtime.service.metrics import CONTENT_TYPE
 
 HookMapper = Callable[[Mapping[str, Any], float], list[Event]]
+#: What ``POST /v1/admit`` takes: the program, and what is known of the request about to run.
+ADMIT_FIELDS = frozenset({"program_id", "request_id", "agent", "model", "prompt_tokens"})
 
 
 def claude_code_mapper() -> tuple[HookMapper | None, type[Exception]]:
@@ -95,6 +100,25 @@ def add_admin_routes(app: FastAPI, runtime: Runtime, *, token: str | None, max_e
             runtime.ingest(mapped)
         return _hook_answer(200, accepted=len(mapped), mapped=True)
 
+    async def admit(request: Request) -> Response:
+        body = parse_json_object(await read_body(request, max_events_bytes))
+        unknown = sorted(set(body) - ADMIT_FIELDS)
+        if unknown:
+            raise HTTPProblem(400, f"{unknown[0]}: unknown field (expected some of {', '.join(sorted(ADMIT_FIELDS))})",
+                              field=unknown[0])
+        try:  # the same checks as an llm.start event, so errors name the field the same way
+            wire = {"v": 1, "type": LLMStart.TYPE, "ts": time.time(), "request_id": uuid.uuid4().hex, **body}
+            start = cast(LLMStart, decode_event(wire))
+        except EventError as exc:
+            raise HTTPProblem(400, str(exc), field=exc.field) from None
+        try:
+            admission = await runtime.admit(start.program_id, request_id=start.request_id, agent=start.agent,
+                                            model=start.model, prompt_tokens=start.prompt_tokens)
+        except NoWorkerAvailable as exc:
+            raise HTTPProblem(503, str(exc), kind="service_unavailable") from None
+        return _json({"program_id": start.program_id, "worker": admission.worker,
+                      "waited_s": round(admission.waited_s, 6), "forced": admission.forced})
+
     async def programs(request: Request) -> Response:
         return _json(runtime.describe())
 
@@ -127,6 +151,7 @@ def add_admin_routes(app: FastAPI, runtime: Runtime, *, token: str | None, max_e
 
     app.add_route("/v1/events", guarded(events), methods=["POST"], include_in_schema=False)
     app.add_route("/v1/hooks/claude-code", guarded(claude_code), methods=["POST"], include_in_schema=False)
+    app.add_route("/v1/admit", guarded(admit), methods=["POST"], include_in_schema=False)
     app.add_route("/v1/programs", guarded(programs), methods=["GET"], include_in_schema=False)
     app.add_route("/v1/programs/{program_id:path}", guarded(program), methods=["GET"], include_in_schema=False)
     app.add_route("/v1/stats/tools", guarded(tool_stats), methods=["GET"], include_in_schema=False)
