@@ -85,8 +85,6 @@ SIM_POLICIES: dict[str, SimPolicy] = {
     "clairvoyant": SimPolicy("clairvoyant", offload=True, typed=True, tiering=True, labels=True,
                              period_s=MAITRED_PERIOD_S, hold_s=TA_HOLD_S, urgent_s=MAITRED_URGENT_S),
 }
-#: What a matrix runs unless told otherwise (the clairvoyant reference is asked for by name).
-DEFAULT_POLICIES = tuple(name for name in SIM_POLICIES if name != "clairvoyant")
 
 
 @dataclass(frozen=True, slots=True)
