@@ -148,7 +148,12 @@ def _usage(message: Any) -> tuple[int, int, int | None]:
 
 
 def _model_name(model: Any) -> str | None:
-    name = getattr(model, "model_name", None) or getattr(model, "model", None)
+    """Read from the instance's fields, not with ``getattr``: a chat model without the
+    attribute makes pydantic raise and catch an AttributeError, ~10 µs on every step."""
+    fields = getattr(model, "__dict__", None) or {}
+    name = fields.get("model_name") or fields.get("model")
+    if name is None and "bound" in fields:  # a RunnableBinding (model.bind(...)): the model it wraps
+        return _model_name(fields["bound"])
     return name if isinstance(name, str) else None
 
 

@@ -246,3 +246,13 @@ def test_tagging_can_be_turned_off_for_clients_that_refuse_extra_keywords(sink):
     assert model.seen_kwargs == [{}, {}]
     assert [e.call_id for e in flushed(sink).of_type("tool.start")] == ["call_add_t"]
     assert len(sink.of_type("llm.end")) == 2
+
+
+def test_model_name_is_read_from_the_model_or_the_model_it_binds() -> None:
+    from langchain_core.language_models import GenericFakeChatModel
+    from langchain_openai import ChatOpenAI
+
+    model = ChatOpenAI(model="qwen-7b", api_key="unused", base_url="http://127.0.0.1:9/v1")
+    assert mlg._model_name(model) == "qwen-7b"
+    assert mlg._model_name(model.bind(stop=["\n"])) == "qwen-7b"
+    assert mlg._model_name(GenericFakeChatModel(messages=iter([]))) is None
