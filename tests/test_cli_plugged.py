@@ -1,6 +1,7 @@
 """The commands that live with the runtime service and the integrations, reached through the
 ``maitred`` entry point (``maitred/__main__.py``) as users run them."""
 
+import argparse
 import json
 import subprocess
 import sys
@@ -63,14 +64,27 @@ def test_claude_code_hook_records_a_payload_through_the_entry_point(tmp_path) ->
 
 
 
-def test_sim_worker_on_a_taken_port_is_one_line(tmp_path) -> None:
+@pytest.mark.parametrize("command", [["sim-worker"], ["serve", "--worker", "http://127.0.0.1:9"]])
+def test_a_taken_port_is_one_line_and_exit_1(command: list[str]) -> None:
     import socket
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = run("sim-worker", "--port", str(port))
+        result = run(*command, "--port", str(port))
     assert result.returncode == 1
     err = result.stderr.decode().strip()
     assert "\n" not in err and f"--port {port}" in err
+
+
+def test_sim_worker_profile_is_a_file_or_a_built_in_name() -> None:
+    from maitred.runtime.service.simworker import add_arguments
+    from maitred.runtime.service.simworker import run as run_sim_worker
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(ValueError, match=r"--profile: engine profile missing\.json"):
+        run_sim_worker(parser.parse_args(["--profile", "missing.json"]))
+    with pytest.raises(ValueError, match="--host 256.1.1.1"):  # the built-in name passed; the address did not
+        run_sim_worker(parser.parse_args(["--profile", "h200-7b", "--host", "256.1.1.1"]))

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from maitred.runtime.service.bind import check_bindable
+
 if TYPE_CHECKING:
     from maitred.runtime.service.app import ServeConfig
     from maitred.runtime.service.launch import SGLangLaunch
@@ -166,6 +168,11 @@ def run(args: argparse.Namespace) -> int:
     except (_Refused, ValueError) as exc:
         return _refuse(str(exc))
 
+    try:
+        check_bindable(args.host, args.port)
+    except ValueError as exc:
+        print(f"maitred serve: error: {exc}", file=sys.stderr)
+        return 1
     import uvicorn
 
     from maitred.runtime.service.app import build_app

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from maitred.runtime.service.bind import check_bindable
+
 if TYPE_CHECKING:
     import uvicorn
     from fastapi import FastAPI
@@ -180,7 +182,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--script-tools", action="store_true",
                         help="answer chat requests that offer tools with deterministic tool calls, then a final message")
     parser.add_argument("--script-steps", type=_tokens(0), default=3, help="tool-calling steps before the final message (default: 3)")
-    parser.add_argument("--profile", help="engine profile JSON (maitred calibrate writes one)")
+    parser.add_argument("--profile", help="engine profile: a JSON file (maitred calibrate writes one) or a built-in name "
+                        "(h100-7b, h200-7b, b200x2-70b)")
     parser.add_argument("--radix-eviction-policy", choices=("lru", "priority"), default="lru",
                         help="as SGLang's flag: 'priority' evicts KV of lower request priority first (default: lru)")
     parser.add_argument("--kv-events-config", metavar="JSON",
@@ -201,25 +204,20 @@ def config_from_args(args: argparse.Namespace) -> SimWorkerConfig:
     )
 
 
-def _check_bindable(host: str, port: int) -> None:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            raise ValueError(f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc})") from None
-
-
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted. Bad settings raise ValueError naming the flag (exit status 1
     through the ``maitred`` command)."""
     config = config_from_args(args)
-    if config.profile is not None and not Path(config.profile).is_file():
-        raise ValueError(f"--profile {config.profile}: no such file")
+    if config.profile is not None:
+        from maitred.sim.profile import EngineProfile
+
+        try:
+            EngineProfile.load(config.profile)
+        except ValueError as exc:
+            raise ValueError(f"--profile: {exc}") from None
     if not (Path(config.model_path) / "tokenizer.json").is_file():
         raise ValueError(f"--model-path {config.model_path}: no tokenizer.json there (sglang-router would try a model hub)")
-    _check_bindable(config.host, config.port)
+    check_bindable(config.host, config.port)
     import uvicorn
 
     app = create_app(config)
