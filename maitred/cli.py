@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 from rich.console import Console
 from rich.table import Table
 
+from maitred.flags import seconds, whole
 from maitred.middleware.config import default_db_url
 from maitred.sim.traces import TraceError
 from maitred.storage import DatabaseTooNew, SessionStore, StoreError, normalize_db_url
@@ -66,29 +67,6 @@ def _since(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a time")
     if value > time.time():
         raise argparse.ArgumentTypeError(f"{text!r} is in the future, so nothing could match")
-    return value
-
-
-def _whole(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < minimum or maximum is not None and value > maximum:
-            bound = f"between {minimum} and {maximum:,}" if maximum is not None else f"at least {minimum}"
-            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
-        return value
-    return parse
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive, finite number of seconds, got {text!r}")
     return value
 
 
@@ -404,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("programs", cmd_programs, "recorded programs, newest first")
     db_flag(p)
     p.add_argument("--since", type=_since, help=since_help)
-    p.add_argument("--limit", type=_whole(1, MAX_LIMIT), default=100, help="at most this many programs (default: 100)")
+    p.add_argument("--limit", type=whole(1, MAX_LIMIT), default=100, help="at most this many programs (default: 100)")
     p.add_argument("--json", action="store_true")
 
     p = add("timeline", cmd_timeline, "one program's busy/idle phases")
@@ -431,12 +409,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=_csv(int, maximum=MAX_CONCURRENCY), default=(20, 50, 80),
                    help="concurrent programs per run, comma-separated")
     p.add_argument("--cpu-ratio", type=_csv(float), default=(1.0, 2.0), help="host KV memory as a multiple of GPU KV memory")
-    p.add_argument("--duration", type=_positive_seconds, default=3600.0, help="simulated seconds per run")
+    p.add_argument("--duration", type=seconds, default=3600.0, help="simulated seconds per run")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=_whole(1, MAX_WORKERS), default=1, help="simulated GPU workers (data-parallel ranks)")
-    p.add_argument("--gpu-tokens", type=_whole(1, UNLIMITED_TOKENS), help="GPU KV capacity per worker (default: the profile's)")
+    p.add_argument("--workers", type=whole(1, MAX_WORKERS), default=1, help="simulated GPU workers (data-parallel ranks)")
+    p.add_argument("--gpu-tokens", type=whole(1, UNLIMITED_TOKENS), help="GPU KV capacity per worker (default: the profile's)")
     p.add_argument("--profile", help="engine profile JSON (maitred calibrate writes one)")
-    p.add_argument("--jobs", type=_whole(1), help="processes (default: all cores)")
+    p.add_argument("--jobs", type=whole(1), help="processes (default: all cores)")
     p.add_argument("--out", required=True, help="folder for results.json, report.md and the PNG plots")
 
     p = add("calibrate", cmd_calibrate, "measure an engine profile on this machine with torch")
@@ -447,9 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("demo", cmd_demo, "agent programs through the gateway to two simulated workers, maitred against round robin")
     p.add_argument("--db-file", default="maitred-demo.db", help="SQLite file to (re)create; only ever replaces an earlier demo's")
-    p.add_argument("--programs", type=_whole(1, MAX_DEMO_PROGRAMS), default=None,
+    p.add_argument("--programs", type=whole(1, MAX_DEMO_PROGRAMS), default=None,
                    help="agent programs (threads) to run (default: 32, or 6 with --offline)")
-    p.add_argument("--steps", type=_whole(1, 64), default=8, help="model steps of each live program (default: 8)")
+    p.add_argument("--steps", type=whole(1, 64), default=8, help="model steps of each live program (default: 8)")
     p.add_argument("--png", default="maitred-demo.png", help="figure of the live runs (default: maitred-demo.png)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--offline", action="store_true",

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from maitred.flags import port, positive, seconds
 from maitred.runtime.service.bind import check_bindable
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 #: a test checks the two agree).
 POLICY_NAMES = ("maitred", "mori", "tao", "thunderagent", "cache_aware", "round_robin")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+_MEGABYTES = positive("number of megabytes")
 
 
 def _worker_url(text: str) -> str:
@@ -37,29 +39,8 @@ def _worker_url(text: str) -> str:
     return text.rstrip("/")
 
 
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{port} is not in 1..65535")
-    return port
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (value > 0 and value < float("inf")):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive, finite number of seconds")
-    return value
-
-
 def _megabytes(text: str) -> int:
-    value = _seconds(text)  # same shape: a positive finite number
-    return int(value * (1 << 20))
+    return int(_MEGABYTES(text) * (1 << 20))
 
 
 def _ratio(text: str) -> float:
@@ -84,7 +65,7 @@ def _gpus(text: str) -> tuple[str, ...]:
 def add_sglang_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=_gpus, default=("0",), help="GPU indices, one SGLang server each (default: 0)")
     parser.add_argument("--sglang-host", default="127.0.0.1", help="address the SGLang servers bind (default: 127.0.0.1)")
-    parser.add_argument("--sglang-base-port", type=_port, default=30000,
+    parser.add_argument("--sglang-base-port", type=port, default=30000,
                         help="port of the first SGLang server; the next GPUs take the next ports (default: 30000)")
     parser.add_argument("--hicache-ratio", type=_ratio, default=2.0, help="host KV pool as a multiple of the GPU pool (default: 2)")
     parser.add_argument("--sglang-python", default=sys.executable,
@@ -96,7 +77,7 @@ def add_sglang_arguments(parser: argparse.ArgumentParser) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``maitred serve`` (SPEC 11, plus the runtime's knobs)."""
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1; others need --token)")
-    parser.add_argument("--port", type=_port, default=8000, help="port to listen on (default: 8000)")
+    parser.add_argument("--port", type=port, default=8000, help="port to listen on (default: 8000)")
     parser.add_argument("--worker", type=_worker_url, action="append", default=[], metavar="URL",
                         help="base URL of an SGLang server (repeatable)")
     parser.add_argument("--policy", choices=POLICY_NAMES, default="maitred", help="scheduling policy (default: maitred)")
@@ -105,17 +86,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-db", action="store_true", help="keep no history (events only update the live state)")
     parser.add_argument("--token", default=None,
                         help="bearer token required on ingest and admin endpoints (default: $MAITRED_TOKEN)")
-    parser.add_argument("--tick", type=_seconds, default=1.0, help="scheduler period in seconds (default: 1)")
-    parser.add_argument("--hold-timeout", type=_seconds, default=5.0,
+    parser.add_argument("--tick", type=seconds, default=1.0, help="scheduler period in seconds (default: 1)")
+    parser.add_argument("--hold-timeout", type=seconds, default=5.0,
                         help="longest a request is held before it is let through anyway (default: 5 s)")
     parser.add_argument("--priority", action="store_true",
                         help="send SGLang request priorities (for --radix-eviction-policy priority; on with --launch-sglang)")
     parser.add_argument("--no-warmups", action="store_true", help="never send prefill-only warmups")
     parser.add_argument("--max-body-mb", type=_megabytes, default=64 << 20, help="largest model request body (default: 64)")
     parser.add_argument("--max-events-mb", type=_megabytes, default=16 << 20, help="largest event batch body (default: 16)")
-    parser.add_argument("--request-timeout", type=_seconds, default=600.0,
+    parser.add_argument("--request-timeout", type=seconds, default=600.0,
                         help="longest a worker may take to answer one request (default: 600 s)")
-    parser.add_argument("--wait-for-workers", type=_seconds, default=30.0,
+    parser.add_argument("--wait-for-workers", type=seconds, default=30.0,
                         help="at start, wait this long for a worker to answer (default: 30 s)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     parser.add_argument("--launch-sglang", metavar="MODEL_PATH",

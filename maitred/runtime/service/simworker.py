@@ -25,11 +25,11 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from maitred.flags import port, positive, whole
 from maitred.runtime.service.bind import check_bindable
 
 if TYPE_CHECKING:
@@ -138,50 +138,18 @@ class SimWorkerThread:
 
 # -- command line ---------------------------------------------------------------------------
 
-def _tokens(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text.replace("_", ""))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of tokens") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-    return parse
-
-
-def _factor(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive, finite factor, got {text!r}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be between 1 and 65535, got {value}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``maitred sim-worker`` (SPEC section 11, plus a few of SGLang's own names)."""
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
-    parser.add_argument("--port", type=_port, default=30000, help="port to bind (default: 30000, SGLang's)")
-    parser.add_argument("--gpu-tokens", type=_tokens(1), help="GPU KV capacity in tokens (default: the engine profile's)")
-    parser.add_argument("--cpu-tokens", type=_tokens(0), default=0,
+    parser.add_argument("--port", type=port, default=30000, help="port to bind (default: 30000, SGLang's)")
+    parser.add_argument("--gpu-tokens", type=whole(1, unit="whole number of tokens"), help="GPU KV capacity in tokens (default: the engine profile's)")
+    parser.add_argument("--cpu-tokens", type=whole(0, unit="whole number of tokens"), default=0,
                         help="host (HiCache) KV capacity in tokens; 0 turns the host cache off (default: 0)")
-    parser.add_argument("--time-scale", type=_factor, default=1.0,
+    parser.add_argument("--time-scale", type=positive("factor"), default=1.0,
                         help="run the engine this many times faster than the profiled GPU (default: 1)")
     parser.add_argument("--script-tools", action="store_true",
                         help="answer chat requests that offer tools with deterministic tool calls, then a final message")
-    parser.add_argument("--script-steps", type=_tokens(0), default=3, help="tool-calling steps before the final message (default: 3)")
+    parser.add_argument("--script-steps", type=whole(0, unit="whole number of tokens"), default=3, help="tool-calling steps before the final message (default: 3)")
     parser.add_argument("--profile", help="engine profile: a JSON file (maitred calibrate writes one) or a built-in name "
                         "(h100-7b, h200-7b, b200x2-70b)")
     parser.add_argument("--radix-eviction-policy", choices=("lru", "priority"), default="lru",
