@@ -220,6 +220,18 @@ def _open_tool(request: ToolCallRequest, program_id: str | None, agent: str | No
         return None
 
 
+def _close_tool(call: _ToolRecord | None, *, result: Any = None, failure: BaseException | None = None) -> None:
+    """``tool.end`` for the sync and async hooks alike; never raises into the agent."""
+    if call is not None:
+        status = _exc_status(failure) if failure is not None else _tool_status(result)
+        _guarded("tool.end", lambda: call.end(status, result))
+
+
+def _close_model(call: _ModelRecord | None, response: Any, status: str = "ok") -> None:
+    if call is not None:
+        _guarded("llm.end", lambda: call.end(response, status))
+
+
 def _open_model(request: ModelRequest, program_id: str | None, agent: str | None, record: bool,
                 tag: bool) -> tuple[_ModelRecord | None, ModelRequest]:
     try:
@@ -256,12 +268,9 @@ class MaitredMiddleware(AgentMiddleware):
         try:
             result = handler(request)
         except BaseException as exc:
-            if call is not None:
-                status = _exc_status(exc)
-                _guarded("tool.end", lambda: call.end(status))
+            _close_tool(call, failure=exc)
             raise
-        if call is not None:
-            _guarded("tool.end", lambda: call.end(_tool_status(result), result))
+        _close_tool(call, result=result)
         return result
 
     async def awrap_tool_call(
@@ -271,12 +280,9 @@ class MaitredMiddleware(AgentMiddleware):
         try:
             result = await handler(request)
         except BaseException as exc:
-            if call is not None:
-                status = _exc_status(exc)
-                _guarded("tool.end", lambda: call.end(status))
+            _close_tool(call, failure=exc)
             raise
-        if call is not None:
-            _guarded("tool.end", lambda: call.end(_tool_status(result), result))
+        _close_tool(call, result=result)
         return result
 
     def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], Any]) -> Any:
@@ -284,11 +290,9 @@ class MaitredMiddleware(AgentMiddleware):
         try:
             response = handler(tagged)
         except BaseException:
-            if call is not None:
-                _guarded("llm.end", lambda: call.end(None, "error"))
+            _close_model(call, None, "error")
             raise
-        if call is not None:
-            _guarded("llm.end", lambda: call.end(response))
+        _close_model(call, response)
         return response
 
     async def awrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[Any]]) -> Any:
@@ -296,11 +300,9 @@ class MaitredMiddleware(AgentMiddleware):
         try:
             response = await handler(tagged)
         except BaseException:
-            if call is not None:
-                _guarded("llm.end", lambda: call.end(None, "error"))
+            _close_model(call, None, "error")
             raise
-        if call is not None:
-            _guarded("llm.end", lambda: call.end(response))
+        _close_model(call, response)
         return response
 
 
