@@ -12,7 +12,7 @@ field's name; nothing reaches the engine until the whole request has been read.
 
 import time
 import uuid
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -202,19 +202,47 @@ def _failure(sim: "SimWorker") -> dict[str, Any]:
     return {"error": {"message": sim.engine.failure, "type": "internal_error", "code": 500}}
 
 
-# -- /generate -------------------------------------------------------------------------------
+class _Refused(Exception):
+    """A request answered before generation: bad input, or an engine that has failed."""
 
-async def generate(request: Request) -> Response:
+    def __init__(self, response: Response) -> None:
+        self.response = response
+
+
+Parse = Callable[["SimWorker", dict[str, Any]], tuple[Prompt, Reply, bool]]
+
+
+async def _start(request: Request, parse: Parse, error: Callable[[BadRequest], Response],
+                 ) -> tuple["SimWorker", dict[str, Any], Reply, bool, Ticket]:
+    """Read, check and queue a generation request, the same for every endpoint but for its
+    parser and its error body."""
     sim: SimWorker = request.app.state.sim
     try:
         body = await _json_object(request)
-        prompt, reply, stream = _parse_generate(sim, body)
+        prompt, reply, stream = parse(sim, body)
     except (BadRequest, PromptError) as exc:
-        return _generate_error(BadRequest.of(exc))
+        raise _Refused(error(BadRequest.of(exc))) from None
     try:
         ticket = _submit(sim, prompt, reply, body, stream)
     except EngineFailed:
-        return json_response(_failure(sim), 500)
+        raise _Refused(json_response(_failure(sim), 500)) from None
+    return sim, body, reply, stream, ticket
+
+
+async def _finished(sim: "SimWorker", ticket: Ticket) -> None:
+    """Wait for a whole (non-streamed) answer; an engine failure meanwhile is a 500."""
+    await ticket.done.wait()
+    if sim.engine.failure is not None:
+        raise _Refused(json_response(_failure(sim), 500))
+
+
+# -- /generate -------------------------------------------------------------------------------
+
+async def generate(request: Request) -> Response:
+    try:
+        sim, body, reply, stream, ticket = await _start(request, _parse_generate, _generate_error)
+    except _Refused as refused:
+        return refused.response
     rid = body["rid"] if isinstance(body.get("rid"), str) else uuid.uuid4().hex
 
     def out(generated: int, final: bool) -> dict[str, Any]:
@@ -224,9 +252,10 @@ async def generate(request: Request) -> Response:
                 "meta_info": _meta_info(rid, ticket, finish)}
 
     if not stream:
-        await ticket.done.wait()
-        if sim.engine.failure is not None:
-            return json_response(_failure(sim), 500)
+        try:
+            await _finished(sim, ticket)
+        except _Refused as refused:
+            return refused.response
         return json_response(out(len(reply.output_ids), True))
 
     async def events() -> AsyncGenerator[bytes, None]:
@@ -253,22 +282,17 @@ def _parse_completion(sim: "SimWorker", body: dict[str, Any]) -> tuple[Prompt, R
 
 
 async def completions(request: Request) -> Response:
-    sim: SimWorker = request.app.state.sim
     try:
-        body = await _json_object(request)
-        prompt, reply, stream = _parse_completion(sim, body)
-    except (BadRequest, PromptError) as exc:
-        return openai_error(BadRequest.of(exc))
-    try:
-        ticket = _submit(sim, prompt, reply, body, stream)
-    except EngineFailed:
-        return json_response(_failure(sim), 500)
+        sim, body, reply, stream, ticket = await _start(request, _parse_completion, openai_error)
+    except _Refused as refused:
+        return refused.response
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": sim.config.served_model_name}
     if not stream:
-        await ticket.done.wait()
-        if sim.engine.failure is not None:
-            return json_response(_failure(sim), 500)
+        try:
+            await _finished(sim, ticket)
+        except _Refused as refused:
+            return refused.response
         choice = {"index": 0, "text": " " + reply.text, "logprobs": None, "finish_reason": reply.finish_reason, "matched_stop": None}
         return json_response({**head, "choices": [choice], "usage": _usage(ticket)})
 
@@ -301,21 +325,16 @@ def _parse_chat(sim: "SimWorker", body: dict[str, Any]) -> tuple[Prompt, Reply, 
 
 
 async def chat(request: Request) -> Response:
-    sim: SimWorker = request.app.state.sim
     try:
-        body = await _json_object(request)
-        prompt, reply, stream = _parse_chat(sim, body)
-    except (BadRequest, PromptError) as exc:
-        return openai_error(BadRequest.of(exc))
-    try:
-        ticket = _submit(sim, prompt, reply, body, stream)
-    except EngineFailed:
-        return json_response(_failure(sim), 500)
+        sim, body, reply, stream, ticket = await _start(request, _parse_chat, openai_error)
+    except _Refused as refused:
+        return refused.response
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": sim.config.served_model_name}
     if not stream:
-        await ticket.done.wait()
-        if sim.engine.failure is not None:
-            return json_response(_failure(sim), 500)
+        try:
+            await _finished(sim, ticket)
+        except _Refused as refused:
+            return refused.response
         message: dict[str, Any] = {"role": "assistant", "content": None if reply.tool_calls else reply.text, "reasoning_content": None}
         if reply.tool_calls:
             message["tool_calls"] = reply.tool_calls
