@@ -6,15 +6,13 @@ rows). CI exports the PostgreSQL URL; without it the PostgreSQL cases skip, sayi
 """
 
 import os
-import uuid
 from collections.abc import Iterator
-from urllib.parse import quote
 
 import pytest
-from sqlalchemy import create_engine, text
 
 import maitred
 from maitred.middleware import config
+from tests.helpers import throwaway_schemas
 
 POSTGRES_URL = os.environ.get("MAITRED_TEST_POSTGRES_URL")
 
@@ -26,17 +24,8 @@ def db_url(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:
         return
     if not POSTGRES_URL:
         pytest.skip("MAITRED_TEST_POSTGRES_URL is not set (CI sets it)")
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(POSTGRES_URL)
-    with admin.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    sep = "&" if "?" in POSTGRES_URL else "?"
-    try:
-        yield f"{POSTGRES_URL}{sep}options={quote(f'-csearch_path={schema}')}"
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+    with throwaway_schemas(POSTGRES_URL) as make:
+        yield make()
 
 
 @pytest.fixture

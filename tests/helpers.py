@@ -4,8 +4,13 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import quote
+
+from sqlalchemy import create_engine, text
 
 from maitred.events import Event
 
@@ -162,3 +167,27 @@ class TcpProxy:
                     s.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+
+@contextmanager
+def throwaway_schemas(url: str, prefix: str = "t") -> Iterator[Callable[[], str]]:
+    """A maker of fresh PostgreSQL schemas on ``url`` (each a URL whose search_path is the new
+    schema), all dropped at the end: tests never see each other's rows."""
+    admin = create_engine(url)
+    made: list[str] = []
+
+    def make() -> str:
+        schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
+        with admin.begin() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+        made.append(schema)
+        sep = "&" if "?" in url else "?"
+        return f"{url}{sep}options={quote(f'-csearch_path={schema}')}"
+
+    try:
+        yield make
+    finally:
+        with admin.begin() as conn:
+            for schema in made:
+                conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
