@@ -141,6 +141,9 @@ def _launch(args: argparse.Namespace) -> "SGLangLaunch":
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted. Returns the exit status."""
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Alembic narrates every migration check at INFO ("Will assume non-transactional DDL", which
+    # reads like a warning); the store reports what matters itself.
+    logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLogger().level))
     if not args.worker and not args.launch_sglang:
         return _refuse("--worker: give at least one worker URL (or --launch-sglang MODEL_PATH)")
     try:
