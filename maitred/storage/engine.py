@@ -1,6 +1,8 @@
 """Engines for the two supported databases, tuned for an append-heavy event log."""
 
+import os
 import re
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,8 @@ _URL_HINT = "give a file path, sqlite:///PATH or postgresql+psycopg://USER@HOST/
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
 #: Connection option: open the next transaction with ``BEGIN IMMEDIATE`` (SQLite's write lock).
 IMMEDIATE = "maitred_begin_immediate"
+#: Every engine ``make_engine`` made that is still alive, for ``_after_fork``.
+_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 
 
 def normalize_db_url(text: str) -> str:
@@ -72,7 +76,24 @@ def make_engine(url: str, *, connect_timeout_s: float | None = None, echo: bool 
     if parsed.get_backend_name() == "sqlite":
         event.listen(engine, "connect", _sqlite_connect)
         event.listen(engine, "begin", _sqlite_begin)
+    _engines.add(engine)
     return engine
+
+
+def _after_fork() -> None:
+    """A forked child gets a copy of every pool, holding the parent's connections: one socket
+    (or SQLite handle) that two processes would then use at once — interleaved PostgreSQL
+    messages, and a child whose exit closes the parent's session. The child forgets those
+    connections without closing them (``dispose(close=False)``: closing would end the parent's
+    session too) and opens its own on first use. SQLAlchemy's own advice ("Using Connection
+    Pools with Multiprocessing or os.fork()"); done here so every store in the process is
+    covered, whoever made it — the middleware's emitter restarts its thread after a fork, and
+    writes through this engine again."""
+    for engine in list(_engines):
+        engine.dispose(close=False)
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
