@@ -114,9 +114,13 @@ def report_markdown(matrix: Matrix, records: Sequence[dict], command: str) -> st
     policies = list(matrix.policies)
     lines = [f"# Replay: {matrix.trace}", "", f"Command: `{command}`", "",
              f"{matrix.duration_s:.0f} simulated seconds per run, seed {matrix.seed}, {matrix.workers} worker(s).", ""]
-    for title, key, fmt in (("Throughput (output tokens/s)", "throughput_tok_s", "{:.0f}"),
-                            ("Mean TTFT (s)", "ttft_mean_s", "{:.2f}"), ("p95 TTFT (s)", "ttft_p95_s", "{:.2f}"),
-                            ("Prefix hit rate", "prefix_hit_rate", "{:.3f}")):
+    tables = [("Throughput (output tokens/s)", "throughput_tok_s", "{:.0f}"),
+              ("Mean TTFT (s)", "ttft_mean_s", "{:.2f}"), ("p95 TTFT (s)", "ttft_p95_s", "{:.2f}"),
+              ("Prefix hit rate", "prefix_hit_rate", "{:.3f}")]
+    if any(r.get("handoff_requests") for r in records):  # only traces with handoffs have the column's data
+        tables += [("Mean TTFT of a handoff consumer's first request (s)", "handoff_ttft_mean_s", "{:.2f}"),
+                   ("Handoff consumers' first requests", "handoff_requests", "{:d}")]
+    for title, key, fmt in tables:
         lines += [f"## {title}", "", "| policy | " + " | ".join(f"C={c} ×{r:g}" for c in concs for r in ratios) + " |",
                   "|---|" + "---|" * (len(concs) * len(ratios))]
         for policy in policies + [UNLIMITED]:
@@ -145,7 +149,32 @@ def report_markdown(matrix: Matrix, records: Sequence[dict], command: str) -> st
                     f"{'-' if share is None else f'{share:.0%}'} | {'-' if vs_oracle is None else f'{vs_oracle:.2f}'} | "
                     f"{'-' if seer is None else f'{seer:.2f}'} |")
         lines.append("")
+    if "maitred" in policies and "maitred_no_preprefill" in policies:
+        lines += preprefill_markdown(records, concs, ratios)
     return "\n".join(lines)
+
+
+def preprefill_markdown(records: Sequence[dict], concs: Sequence[int], ratios: Sequence[float]) -> list[str]:
+    """maitred with pre-prefill on against off, per cell: what the warmups buy the first request
+    after a handoff (LOCAL's metric) and what they cost everyone else."""
+    lines = ["## Pre-prefill: maitred against maitred_no_preprefill", "",
+             "| cell | handoff consumer TTFT (on / off) | change | throughput change | mean TTFT change |",
+             "|---|---|---|---|---|"]
+    for c in concs:
+        for r in ratios:
+            on, off = _cell(records, "maitred", c, r), _cell(records, "maitred_no_preprefill", c, r)
+            if on is None or off is None:
+                continue
+            consumer = _ratio(on, off, "handoff_ttft_mean_s")
+            tput, ttft = _ratio(on, off, "throughput_tok_s"), _ratio(on, off, "ttft_mean_s")
+            pair = ("-" if consumer is None else
+                    f"{on['handoff_ttft_mean_s']:.2f} / {off['handoff_ttft_mean_s']:.2f} s")
+            lines.append(f"| C={c} ×{r:g} | {pair} | {_change(consumer)} | {_change(tput)} | {_change(ttft)} |")
+    return lines + [""]
+
+
+def _change(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{(ratio - 1) * 100:+.1f}%"
 
 
 def plot(matrix: Matrix, records: Sequence[dict], out: Path) -> list[Path]:

@@ -36,6 +36,7 @@ import numpy as np
 from maitred.events import Handoff, LLMEnd, ProgramEnd, ProgramResume, ProgramStart, ProgramWait, ToolEnd, ToolProgress, ToolStart
 from maitred.runtime import RuntimeState, Scheduler, SignalConfig, Tier, WorkerState
 from maitred.runtime.decisions import Decision
+from maitred.runtime.policies import Maitred, Policy
 from maitred.runtime.policies.clairvoyant import Clairvoyant
 from maitred.sim.engine import Request, Worker
 from maitred.sim.profile import EngineProfile
@@ -63,6 +64,11 @@ class SimPolicy:
     hold_s: float = 1800.0       # a held request is forced in after this long
     urgent_s: float | None = None  # a step this soon after a held request arrives (None: none)
     arrival_admission: bool = False  # the policy's ``admit_at_arrival`` runs when a request arrives
+    preprefill: bool = True      # maitred's warmups (off: the same policy without pre-prefill, to measure them)
+
+    def __post_init__(self) -> None:
+        if not self.preprefill and self.runtime != "maitred":
+            raise ValueError(f"preprefill: only the maitred runtime policy has warmups to turn off, not {self.runtime!r}")
 
 
 TA_PERIOD_S, TA_HOLD_S = 5.0, 1800.0
@@ -79,6 +85,9 @@ SIM_POLICIES: dict[str, SimPolicy] = {
                       hold_s=TA_HOLD_S, arrival_admission=True),
     "maitred": SimPolicy("maitred", offload=True, typed=True, tiering=True, period_s=MAITRED_PERIOD_S,
                          hold_s=MAITRED_HOLD_S, urgent_s=MAITRED_URGENT_S),
+    # maitred with its warmups off: what pre-prefill is worth, measured against ``maitred``
+    "maitred_no_preprefill": SimPolicy("maitred", offload=True, typed=True, tiering=True, period_s=MAITRED_PERIOD_S,
+                                       hold_s=MAITRED_HOLD_S, urgent_s=MAITRED_URGENT_S, preprefill=False),
     "oracle": SimPolicy("maitred", offload=True, typed=True, tiering=True, oracle=True, period_s=MAITRED_PERIOD_S,
                         hold_s=MAITRED_HOLD_S, urgent_s=MAITRED_URGENT_S),
     # the reference every policy is read against: told each program's next request time
@@ -145,6 +154,8 @@ class RunResult:
     duration_s: float
     seed: int
     unlimited: bool = False
+    handoff_ttft_mean_s: float | None = None  # first request of the agent a handoff went to
+    handoff_requests: int = 0
 
 
 @dataclass(slots=True)
@@ -186,7 +197,10 @@ class Replay:
             SignalConfig(period_s=cfg.period), use_signature=cfg.use_signature,
         )
         self.clairvoyant = Clairvoyant() if self.sim.runtime == "clairvoyant" else None
-        self.scheduler = Scheduler(self.state, self.clairvoyant or self.sim.runtime)
+        policy: Policy | str = self.clairvoyant or self.sim.runtime
+        if not self.sim.preprefill:
+            policy = Maitred(preprefill=False)
+        self.scheduler = Scheduler(self.state, policy)
         self.heap: list[tuple[float, int, str, object]] = []
         self.seq = itertools.count()
         self.versions = dict.fromkeys(self.workers, 0)
@@ -198,6 +212,9 @@ class Replay:
         self.next_program = 0
         self.instances = itertools.count()
         self.ttft: list[float] = []
+        self.handoff_ttft: list[float] = []
+        # a handed-off program until its consumer's first request: None, then that request
+        self.consumers: dict[str, Request | None] = {}
         self.latency: list[float] = []
         self.output_tokens = 0
         self.requests = 0
@@ -255,6 +272,8 @@ class Replay:
         req = Request(run.pid, step.agent, step.input_tokens, step.output_tokens, t,
                       prefix=self.trace.prefix_tokens.get(step.agent, 0))
         self.requests += 1
+        if run.pid in self.consumers:
+            self.consumers[run.pid] = req
         p = self.state.programs[run.pid]
         if run.pid in self.admitted and p.home_worker is not None:
             self._submit(p.home_worker, req, t)
@@ -292,6 +311,9 @@ class Replay:
                 continue
             assert req.first_token_at is not None and req.done_at is not None, "the engine returns finished requests"
             self.ttft.append(req.first_token_at - req.arrival)
+            if req.program_id in self.consumers and self.consumers[req.program_id] is req:
+                del self.consumers[req.program_id]
+                self.handoff_ttft.append(req.first_token_at - req.arrival)
             self.output_tokens += req.output
             run = self.running[req.program_id]
             self.state.apply(LLMEnd(ts=max(req.done_at, 1e-6), program_id=run.pid, request_id=f"r{run.step}",
@@ -310,6 +332,7 @@ class Replay:
             self.state.apply(Handoff(ts=max(t, 1e-6), program_id=run.pid, agent=previous, from_agent=previous,
                                      to_agent=nxt.agent,
                                      context_tokens=max(context - self.trace.prefix_tokens.get(nxt.agent, 0), 0)))
+            self.consumers[run.pid] = None
         if self.clairvoyant is not None:
             step = steps[run.step]
             if run.step + 1 < len(steps):
@@ -361,6 +384,7 @@ class Replay:
             worker.remove(run.pid)
             self._reschedule(wid)
         self.priorities.pop(run.pid, None)
+        self.consumers.pop(run.pid, None)
         del self.running[run.pid]
         self._start_program(run.slot, t)
 
@@ -445,6 +469,8 @@ class Replay:
             prediction_mae_s=preds.mae_s, prediction_within_half_s=preds.within_half_second_share,
             gpu_tokens=self.gpu_tokens, workers=self.cfg.workers, duration_s=self.cfg.duration_s, seed=self.cfg.seed,
             unlimited=self.unlimited,
+            handoff_ttft_mean_s=float(np.mean(self.handoff_ttft)) if self.handoff_ttft else None,
+            handoff_requests=len(self.handoff_ttft),
         )
 
 
