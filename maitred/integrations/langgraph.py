@@ -52,17 +52,26 @@ log = logging.getLogger("maitred")
 #: The header the gateway reads the program id from (SPEC 7.5); the body key is ``program_id``.
 PROGRAM_HEADER = "X-Program-Id"
 
+_NOTHING: Mapping[str, Any] = {}
+
 
 # -- where a call belongs ---------------------------------------------------------------------
 
 
 def program_and_agent(config: Mapping[str, Any] | None, program_id: str | None = None, agent: str | None = None) -> tuple[str, str | None]:
-    """(program id, agent) of a run from its ``RunnableConfig`` (metadata, then configurable)."""
-    metadata: Mapping[str, Any] = (config or {}).get("metadata") or {}
-    configurable: Mapping[str, Any] = (config or {}).get("configurable") or {}
-    found = metadata.get("program_id") or configurable.get("thread_id") or metadata.get("thread_id") or program_id
+    """(program id, agent) of a run from its ``RunnableConfig`` (metadata, then configurable).
+    The enclosing ``maitred.program`` is looked up only when the config and the fallbacks leave
+    a gap: this runs on every tool and model call."""
+    metadata: Mapping[str, Any] = (config.get("metadata") or _NOTHING) if config else _NOTHING
+    found = metadata.get("program_id")
+    if not found:
+        configurable: Mapping[str, Any] = (config.get("configurable") or _NOTHING) if config else _NOTHING
+        found = configurable.get("thread_id") or metadata.get("thread_id") or program_id
+    name = graph_agent(metadata) or agent
+    if found and name:
+        return str(found), name
     current = scope()
-    return str(found or current.program_id), graph_agent(metadata) or agent or current.agent
+    return str(found or current.program_id), name or current.agent
 
 
 def graph_agent(metadata: Mapping[str, Any]) -> str | None:
@@ -157,92 +166,116 @@ def _model_name(model: Any) -> str | None:
     return name if isinstance(name, str) else None
 
 
-class _ToolRecord:
-    """One open tool call of the middleware: ``tool.start`` now, ``tool.end`` (and handoffs) later."""
+#: An open tool call of the middleware: (program id, agent, call id, start time).
+_ToolCall = tuple[str, str | None, str, float]
+#: An open model call of the middleware: (program id, agent, request id).
+_ModelCall = tuple[str, str | None, str]
 
-    __slots__ = ("program_id", "agent", "call_id", "started")
-
-    def __init__(self, request: ToolCallRequest, default_program: str | None, default_agent: str | None) -> None:
-        runtime = request.runtime
-        config = getattr(runtime, "config", None) if runtime is not None else None
-        self.program_id, self.agent = program_and_agent(config, default_program, default_agent)
-        call = request.tool_call
-        self.call_id = call.get("id") or new_id()
-        self.started = time.time()
-        emit(ToolStart(ts=self.started, program_id=self.program_id, agent=self.agent, call_id=self.call_id, tool=call["name"]))
-
-    def end(self, status: str, result: Any = None) -> None:
-        now = time.time()
-        emit(ToolEnd(ts=now, program_id=self.program_id, agent=self.agent, call_id=self.call_id,
-                     status=status, duration_s=now - self.started))  # type: ignore[arg-type]
-        targets = handoff_targets(result)
-        if targets:
-            _emit_handoffs(self.program_id, self.agent, targets)
+# The hooks below run on every tool and model call of the agent, so they are written flat: no
+# objects or closures per call, one ``try`` each instead of ``_guarded``.
 
 
-class _ModelRecord:
-    """One model call of the middleware, and the request carrying the program id."""
-
-    __slots__ = ("program_id", "agent", "request_id", "model")
-
-    def __init__(self, request: ModelRequest, default_program: str | None, default_agent: str | None) -> None:
-        try:
-            config: Mapping[str, Any] | None = get_config()
-        except RuntimeError:  # called outside a runnable context
-            config = None
-        self.program_id, self.agent = program_and_agent(config, default_program, default_agent)
-        self.request_id = new_id()
-        self.model = _model_name(request.model)
-
-    def tagged(self, request: ModelRequest) -> ModelRequest:
-        settings = dict(request.model_settings)
-        settings["extra_body"] = {**(settings.get("extra_body") or {}), "program_id": self.program_id}
-        settings["extra_headers"] = {**(settings.get("extra_headers") or {}), PROGRAM_HEADER: self.program_id}
-        return request.override(model_settings=settings)
-
-    def start(self) -> None:
-        emit(LLMStart(ts=time.time(), program_id=self.program_id, agent=self.agent, request_id=self.request_id, model=self.model))
-
-    def end(self, response: Any, status: str = "ok") -> None:
-        result = getattr(response, "result", None)
-        message = response if isinstance(response, AIMessage) else next(
-            (m for m in result or () if isinstance(m, AIMessage)), None)
-        prompt, completion, cached = _usage(message)
-        emit(LLMEnd(ts=time.time(), program_id=self.program_id, agent=self.agent, request_id=self.request_id,
-                    prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached, status=status))  # type: ignore[arg-type]
-
-
-def _open_tool(request: ToolCallRequest, program_id: str | None, agent: str | None) -> _ToolRecord | None:
+def _open_tool(request: ToolCallRequest, program_id: str | None, agent: str | None) -> _ToolCall | None:
+    """``tool.start``, under the model's own ``tool_call_id``; None when it was not recorded."""
     try:
-        return _ToolRecord(request, program_id, agent)
+        program_id, agent = program_and_agent(getattr(request.runtime, "config", None), program_id, agent)
+        call = request.tool_call
+        call_id = call.get("id") or new_id()
+        now = time.time()
+        emit(ToolStart(ts=now, program_id=program_id, agent=agent, call_id=call_id, tool=call["name"]))
+        return program_id, agent, call_id, now
     except Exception:
         log.debug("maitred: tool.start not recorded", exc_info=True)
         return None
 
 
-def _close_tool(call: _ToolRecord | None, *, result: Any = None, failure: BaseException | None = None) -> None:
-    """``tool.end`` for the sync and async hooks alike; never raises into the agent."""
-    if call is not None:
+def _close_tool(call: _ToolCall | None, *, result: Any = None, failure: BaseException | None = None) -> None:
+    """``tool.end`` (and the handoffs a ``Command`` result asks for) for the sync and async hooks
+    alike; never raises into the agent."""
+    if call is None:
+        return
+    try:
+        program_id, agent, call_id, started = call
         status = _exc_status(failure) if failure is not None else _tool_status(result)
-        _guarded("tool.end", lambda: call.end(status, result))
+        now = time.time()
+        emit(ToolEnd(ts=now, program_id=program_id, agent=agent, call_id=call_id, status=status,  # type: ignore[arg-type]
+                     duration_s=now - started))
+        if isinstance(result, Command):
+            targets = handoff_targets(result)
+            if targets:
+                _emit_handoffs(program_id, agent, targets)
+    except Exception:
+        log.debug("maitred: tool.end not recorded", exc_info=True)
 
 
-def _close_model(call: _ModelRecord | None, response: Any, status: str = "ok") -> None:
-    if call is not None:
-        _guarded("llm.end", lambda: call.end(response, status))
+def _with_settings(request: ModelRequest, settings: dict[str, Any]) -> ModelRequest:
+    """``request.override(model_settings=settings)``, for a fraction of its cost: ``override`` is
+    ``dataclasses.replace``, which reads every field and runs ``ModelRequest.__init__`` again
+    (about 10 µs of each agent step). A ``ModelRequest`` is a plain dataclass whose state is its
+    instance dict, so a copy of that dict is the same new request. Subclasses, which may keep
+    state elsewhere, get ``override``."""
+    if type(request) is not ModelRequest:
+        return request.override(model_settings=settings)
+    copy = object.__new__(ModelRequest)
+    state = copy.__dict__
+    state.update(request.__dict__)
+    state["model_settings"] = settings
+    return copy
+
+
+def _tagged(request: ModelRequest, program_id: str) -> ModelRequest:
+    """The request carrying the program id, as ``extra_body.program_id`` and ``X-Program-Id``."""
+    settings = request.model_settings
+    return _with_settings(request, {
+        **settings,
+        "extra_body": {**(settings.get("extra_body") or _NOTHING), "program_id": program_id},
+        "extra_headers": {**(settings.get("extra_headers") or _NOTHING), PROGRAM_HEADER: program_id},
+    })
 
 
 def _open_model(request: ModelRequest, program_id: str | None, agent: str | None, record: bool,
-                tag: bool) -> tuple[_ModelRecord | None, ModelRequest]:
+                tag: bool) -> tuple[_ModelCall | None, ModelRequest]:
+    """The request to send (tagged unless ``tag`` is off) and, when ``record``, the open call
+    after its ``llm.start``. A request that could not be tagged goes as it came, and one whose
+    ``llm.start`` was not recorded still goes tagged: the gateway schedules by the tag."""
     try:
-        call = _ModelRecord(request, program_id, agent)
-        tagged = call.tagged(request) if tag else request
-        if record:
-            call.start()
-        return (call if record else None), tagged
+        try:
+            config: Mapping[str, Any] | None = get_config()
+        except RuntimeError:  # called outside a runnable context
+            config = None
+        program_id, agent = program_and_agent(config, program_id, agent)
+        tagged = _tagged(request, program_id) if tag else request
     except Exception:
         log.debug("maitred: model call not tagged", exc_info=True)
         return None, request
+    if not record:
+        return None, tagged
+    try:
+        request_id = new_id()
+        emit(LLMStart(ts=time.time(), program_id=program_id, agent=agent, request_id=request_id, model=_model_name(request.model)))
+        return (program_id, agent, request_id), tagged
+    except Exception:
+        log.debug("maitred: llm.start not recorded", exc_info=True)
+        return None, tagged
+
+
+def _close_model(call: _ModelCall | None, response: Any, status: str = "ok") -> None:
+    """``llm.end`` with the token counts of the response's ``AIMessage``; never raises into the agent."""
+    if call is None:
+        return
+    try:
+        message = response if isinstance(response, AIMessage) else None
+        if message is None:
+            for item in getattr(response, "result", None) or ():
+                if isinstance(item, AIMessage):
+                    message = item
+                    break
+        prompt, completion, cached = _usage(message)
+        program_id, agent, request_id = call
+        emit(LLMEnd(ts=time.time(), program_id=program_id, agent=agent, request_id=request_id,
+                    prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached, status=status))  # type: ignore[arg-type]
+    except Exception:
+        log.debug("maitred: llm.end not recorded", exc_info=True)
 
 
 class MaitredMiddleware(AgentMiddleware):

@@ -256,3 +256,31 @@ def test_model_name_is_read_from_the_model_or_the_model_it_binds() -> None:
     assert mlg._model_name(model) == "qwen-7b"
     assert mlg._model_name(model.bind(stop=["\n"])) == "qwen-7b"
     assert mlg._model_name(GenericFakeChatModel(messages=iter([]))) is None
+
+
+def test_a_model_request_stays_tagged_when_its_events_cannot_be_recorded(sink, monkeypatch):
+    """The gateway schedules by the tag, so a failing emitter must not take it off the request."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("emitter exploded")
+
+    monkeypatch.setattr(mlg, "emit", broken)
+    model = ScriptedChatModel(script=[calls(("add", "call_add_b"), args={"a": 1, "b": 1}), answer("2")])
+    agent = create_agent(model, [add], name="coder", middleware=[MaitredMiddleware()])
+    agent.invoke({"messages": [{"role": "user", "content": "1+1"}]}, config("t-tag-kept"))
+    assert [kw["extra_body"] for kw in model.seen_kwargs] == [{"program_id": "t-tag-kept"}] * 2
+    assert [kw["extra_headers"] for kw in model.seen_kwargs] == [{"X-Program-Id": "t-tag-kept"}] * 2
+
+
+def test_the_tagged_request_is_what_override_makes_and_the_original_is_untouched():
+    """``_with_settings`` stands in for ``ModelRequest.override`` on the hot path: same request."""
+    from langchain.agents.middleware import ModelRequest
+    from langchain_core.messages import SystemMessage
+
+    request = ModelRequest(model=ScriptedChatModel(script=[answer("x")]), messages=[HumanMessage("hi")],
+                           system_message=SystemMessage("be brief"), tool_choice="auto", tools=[add],
+                           state={"messages": []}, model_settings={"extra_body": {"top_k": 5}, "temperature": 0})
+    tagged = mlg._tagged(request, "p-1")
+    expected = request.override(model_settings={"extra_body": {"top_k": 5, "program_id": "p-1"}, "temperature": 0,
+                                                "extra_headers": {"X-Program-Id": "p-1"}})
+    assert type(tagged) is type(expected) and tagged == expected and vars(tagged) == vars(expected)
+    assert request.model_settings == {"extra_body": {"top_k": 5}, "temperature": 0}
