@@ -78,11 +78,14 @@ class StoreSink:
 
     Events the database refuses are isolated by the store and counted here as refused. A
     database this maitred cannot write — written by a newer maitred, or corrupt — is reported
-    once at ERROR and every batch for it is dropped (counted), never retried as an outage."""
+    once at ERROR and every batch for it is dropped (counted), never retried as an outage.
+    A PostgreSQL server that stops answering holds a batch at most ``write_timeout_s``: the
+    write fails as an outage, and the emitter keeps the batch and retries it."""
 
-    def __init__(self, db_url: str, *, connect_timeout_s: float = 3.0) -> None:
+    def __init__(self, db_url: str, *, connect_timeout_s: float = 3.0, write_timeout_s: float = 30.0) -> None:
         self.db_url = db_url
         self.connect_timeout_s = connect_timeout_s
+        self.write_timeout_s = write_timeout_s
         self._store: SessionStore | None = None
         self._unusable: str | None = None
         self._refusals = Throttled()
@@ -94,7 +97,9 @@ class StoreSink:
             raise PermanentSinkError(self._unusable)
         if self._store is None:
             try:
-                self._store = SessionStore(self.db_url, connect_timeout_s=self.connect_timeout_s)
+                self._store = SessionStore(
+                    self.db_url, connect_timeout_s=self.connect_timeout_s, write_timeout_s=self.write_timeout_s,
+                )
             except (DatabaseTooNew, DatabaseCorrupt) as exc:
                 raise self._unusable_now(exc) from None
         return self._store

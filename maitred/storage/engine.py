@@ -2,7 +2,11 @@
 
 import os
 import re
+import socket
+import threading
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +116,80 @@ def _sqlite_begin(conn: Connection) -> None:
     # IMMEDIATE takes the write lock up front (waiting out the busy timeout), so two processes
     # migrating or writing never deadlock on a read lock each wants to upgrade.
     conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(IMMEDIATE) else "BEGIN")
+
+
+class AnswerDeadline:
+    """A bound on how long one operation waits for PostgreSQL's answers, checking out the
+    connection (the pool's pre-ping) and committing included.
+
+    ``connect_timeout`` only covers connecting. A server that accepted the connection and then
+    stops answering — a hung backend or host, a stalled proxy or pooler in between — leaves
+    psycopg waiting on its socket forever, since libpq has no client-side query timeout. Neither
+    do the usual settings bound it: TCP keepalives and ``tcp_user_timeout`` see only a peer
+    whose kernel stopped acknowledging, not a process (or proxy) that is alive and silent, and
+    ``statement_timeout`` is enforced by the very server that is not answering. So the bound is
+    kept here, on the client: when an operation under ``watch()`` has not finished after
+    ``seconds``, every socket this engine holds to the server is shut down. The waiting call
+    then fails at once as a lost connection (which SQLAlchemy invalidates, and the store reports
+    as an outage), and so would any other call waiting on the same silent server; the next
+    attempt opens a fresh connection, bounded by ``connect_timeout``. ``seconds`` must be well
+    above the slowest healthy write, or that write would be cut and retried for ever."""
+
+    def __init__(self, engine: Engine, seconds: float) -> None:
+        self.seconds = seconds
+        # Each connection with the process that opened it: a forked child must not shut down
+        # the parent's sockets, which it still sees until the old pool is collected.
+        self._connections: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+        event.listen(engine, "connect", self._opened)
+
+    def _opened(self, dbapi_connection: Any, _record: Any) -> None:
+        with self._lock:
+            self._connections[dbapi_connection] = os.getpid()
+
+    @contextmanager
+    def watch(self) -> Iterator["Watch"]:
+        """Run the body under the deadline; ``Watch.expired`` says whether it was cut."""
+        watch = Watch()
+        timer = threading.Timer(self.seconds, self._expire, (watch,))
+        timer.daemon = True
+        timer.start()
+        try:
+            yield watch
+        finally:
+            with watch.lock:
+                watch.finished = True
+            timer.cancel()
+
+    def _expire(self, watch: "Watch") -> None:
+        with watch.lock:
+            if watch.finished:
+                return
+            watch.expired = True
+            with self._lock:
+                mine = [c for c, pid in self._connections.items() if pid == os.getpid()]
+            for connection in mine:
+                _shut_down(connection)
+
+
+class Watch:
+    """One operation under an ``AnswerDeadline``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.finished = False
+        self.expired = False
+
+
+def _shut_down(connection: Any) -> None:
+    """Shut the connection's socket down under psycopg: its wait wakes up to a closed
+    connection. Through a duplicate of the descriptor, so psycopg's own stays valid."""
+    try:
+        fd = connection.pgconn.socket
+    except Exception:  # closed already: nothing to cut
+        return
+    try:
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass

@@ -15,8 +15,16 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from maitred.events import Event
-from maitred.storage.engine import IMMEDIATE, make_engine, normalize_db_url, sqlite_path
-from maitred.storage.errors import DatabaseTooNew, NoSuchDatabase, StoreError, describe, is_content_error, translate
+from maitred.storage.engine import IMMEDIATE, AnswerDeadline, make_engine, normalize_db_url, sqlite_path
+from maitred.storage.errors import (
+    DatabaseTooNew,
+    NoSuchDatabase,
+    StoreError,
+    StoreUnavailable,
+    describe,
+    is_content_error,
+    translate,
+)
 from maitred.storage.fold import Folded, column_refusal, fold, refusal_reason
 from maitred.storage.migrate import current_revision, head_revision, known_revision, upgrade
 from maitred.storage.models import Base, EventRow
@@ -63,11 +71,18 @@ class SessionStore:
     wrote); ``create=False`` refuses to create a database that is not there. ``url`` may be a
     plain file path. ``write`` is safe to call with a batch that was already written: every row
     is keyed, so nothing is counted twice. Every failure is a ``StoreError`` (see ``errors``).
+
+    On PostgreSQL a ``write`` waits at most ``write_timeout_s`` for the server's answers (see
+    ``AnswerDeadline``), then raises ``StoreUnavailable``; SQLite's wait for a lock is bounded
+    by its busy timeout.
     """
 
     def __init__(
-        self, url: str, *, migrate: bool = True, create: bool = True, connect_timeout_s: float | None = 10.0, echo: bool = False,
+        self, url: str, *, migrate: bool = True, create: bool = True, connect_timeout_s: float | None = 10.0,
+        write_timeout_s: float = 30.0, echo: bool = False,
     ) -> None:
+        if not write_timeout_s > 0:
+            raise ValueError(f"write_timeout_s must be positive seconds, got {write_timeout_s!r}")
         self.url = normalize_db_url(url)
         self.where = describe(self.url)
         path = sqlite_path(self.url)
@@ -76,6 +91,7 @@ class SessionStore:
         self.engine: Engine = make_engine(self.url, connect_timeout_s=connect_timeout_s, echo=echo)
         self._writer = self.engine.execution_options(**{IMMEDIATE: True})
         self._postgres = self.engine.dialect.name == "postgresql"
+        self._deadline = AnswerDeadline(self.engine, write_timeout_s) if self._postgres else None
         try:
             with self._errors():
                 if not create:
@@ -166,8 +182,24 @@ class SessionStore:
         else:
             stored.update(row["event_key"] for row in folded.events)
 
+    @contextmanager
+    def _bounded(self) -> Iterator[None]:
+        """A PostgreSQL write that got no answer within ``write_timeout_s`` is an outage."""
+        if self._deadline is None:
+            yield
+            return
+        with self._deadline.watch() as watch:
+            try:
+                yield
+            except Exception as exc:
+                if watch.expired:
+                    raise StoreUnavailable(
+                        f"database unavailable: {self.where} (no answer within {self._deadline.seconds:g} s)"
+                    ) from exc
+                raise
+
     def _write_rows(self, folded: Folded) -> None:
-        with self._writer.begin() as conn:
+        with self._bounded(), self._writer.begin() as conn:
             conn.execute(self._insert(_TABLES["events"]).on_conflict_do_nothing(index_elements=["event_key"]), folded.events)
             self._upsert(conn, _TABLES["programs"], ["program_id"], list(folded.programs.values()))
             self._upsert(conn, _TABLES["tool_calls"], ["program_id", "call_id"], list(folded.tool_calls.values()))
