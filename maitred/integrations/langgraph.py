@@ -208,12 +208,21 @@ def _close_tool(call: _ToolCall | None, *, result: Any = None, failure: BaseExce
         log.debug("maitred: tool.end not recorded", exc_info=True)
 
 
-def _with_settings(request: ModelRequest, settings: dict[str, Any]) -> ModelRequest:
-    """``request.override(model_settings=settings)``, for a fraction of its cost: ``override`` is
-    ``dataclasses.replace``, which reads every field and runs ``ModelRequest.__init__`` again
-    (about 10 µs of each agent step). A ``ModelRequest`` is a plain dataclass whose state is its
-    instance dict, so a copy of that dict is the same new request. Subclasses, which may keep
-    state elsewhere, get ``override``."""
+def _tagged(request: ModelRequest, program_id: str) -> ModelRequest:
+    """The request carrying the program id, as ``extra_body.program_id`` and ``X-Program-Id``.
+
+    What ``request.override(model_settings=...)`` makes, for a fraction of its cost:
+    ``override`` is ``dataclasses.replace``, which reads every field and runs
+    ``ModelRequest.__init__`` again (about 10 µs of each agent step). A ``ModelRequest`` is a
+    plain dataclass whose state is its instance dict, so a copy of that dict is the same new
+    request. Subclasses, which may keep state elsewhere, get ``override``."""
+    settings = request.model_settings
+    body, headers = settings.get("extra_body"), settings.get("extra_headers")
+    settings = {
+        **settings,
+        "extra_body": {**body, "program_id": program_id} if body else {"program_id": program_id},
+        "extra_headers": {**headers, PROGRAM_HEADER: program_id} if headers else {PROGRAM_HEADER: program_id},
+    }
     if type(request) is not ModelRequest:
         return request.override(model_settings=settings)
     copy = object.__new__(ModelRequest)
@@ -221,42 +230,6 @@ def _with_settings(request: ModelRequest, settings: dict[str, Any]) -> ModelRequ
     state.update(request.__dict__)
     state["model_settings"] = settings
     return copy
-
-
-def _tagged(request: ModelRequest, program_id: str) -> ModelRequest:
-    """The request carrying the program id, as ``extra_body.program_id`` and ``X-Program-Id``."""
-    settings = request.model_settings
-    return _with_settings(request, {
-        **settings,
-        "extra_body": {**(settings.get("extra_body") or _NOTHING), "program_id": program_id},
-        "extra_headers": {**(settings.get("extra_headers") or _NOTHING), PROGRAM_HEADER: program_id},
-    })
-
-
-def _open_model(request: ModelRequest, program_id: str | None, agent: str | None, record: bool,
-                tag: bool) -> tuple[_ModelCall | None, ModelRequest]:
-    """The request to send (tagged unless ``tag`` is off) and, when ``record``, the open call
-    after its ``llm.start``. A request that could not be tagged goes as it came, and one whose
-    ``llm.start`` was not recorded still goes tagged: the gateway schedules by the tag."""
-    try:
-        try:
-            config: Mapping[str, Any] | None = get_config()
-        except RuntimeError:  # called outside a runnable context
-            config = None
-        program_id, agent = program_and_agent(config, program_id, agent)
-        tagged = _tagged(request, program_id) if tag else request
-    except Exception:
-        log.debug("maitred: model call not tagged", exc_info=True)
-        return None, request
-    if not record:
-        return None, tagged
-    try:
-        request_id = new_id()
-        emit(LLMStart(ts=time.time(), program_id=program_id, agent=agent, request_id=request_id, model=_model_name(request.model)))
-        return (program_id, agent, request_id), tagged
-    except Exception:
-        log.debug("maitred: llm.start not recorded", exc_info=True)
-        return None, tagged
 
 
 def _close_model(call: _ModelCall | None, response: Any, status: str = "ok") -> None:
@@ -295,6 +268,8 @@ class MaitredMiddleware(AgentMiddleware):
         self.agent = agent
         self.record_model_calls = record_model_calls
         self.tag_requests = tag_requests
+        #: The last model seen and its name: an agent asks the same model step after step.
+        self._named: tuple[Any, str | None] = (None, None)
 
     def wrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolMessage | Command]) -> ToolMessage | Command:
         call = _open_tool(request, self.program_id, self.agent)
@@ -318,8 +293,36 @@ class MaitredMiddleware(AgentMiddleware):
         _close_tool(call, result=result)
         return result
 
+    def _open_model(self, request: ModelRequest) -> tuple[_ModelCall | None, ModelRequest]:
+        """The request to send (tagged unless ``tag_requests`` is off) and, when recording, the
+        open call after its ``llm.start``. A request that could not be tagged goes as it came,
+        and one whose ``llm.start`` was not recorded still goes tagged: the gateway schedules by
+        the tag."""
+        try:
+            try:
+                config: Mapping[str, Any] | None = get_config()
+            except RuntimeError:  # called outside a runnable context
+                config = None
+            program_id, agent = program_and_agent(config, self.program_id, self.agent)
+            tagged = _tagged(request, program_id) if self.tag_requests else request
+        except Exception:
+            log.debug("maitred: model call not tagged", exc_info=True)
+            return None, request
+        if not self.record_model_calls:
+            return None, tagged
+        try:
+            model, name = self._named
+            if model is not request.model:
+                model, name = self._named = request.model, _model_name(request.model)
+            request_id = new_id()
+            emit(LLMStart(ts=time.time(), program_id=program_id, agent=agent, request_id=request_id, model=name))
+            return (program_id, agent, request_id), tagged
+        except Exception:
+            log.debug("maitred: llm.start not recorded", exc_info=True)
+            return None, tagged
+
     def wrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], Any]) -> Any:
-        call, tagged = _open_model(request, self.program_id, self.agent, self.record_model_calls, self.tag_requests)
+        call, tagged = self._open_model(request)
         try:
             response = handler(tagged)
         except BaseException:
@@ -329,7 +332,7 @@ class MaitredMiddleware(AgentMiddleware):
         return response
 
     async def awrap_model_call(self, request: ModelRequest, handler: Callable[[ModelRequest], Awaitable[Any]]) -> Any:
-        call, tagged = _open_model(request, self.program_id, self.agent, self.record_model_calls, self.tag_requests)
+        call, tagged = self._open_model(request)
         try:
             response = await handler(tagged)
         except BaseException:

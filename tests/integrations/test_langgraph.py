@@ -284,3 +284,19 @@ def test_the_tagged_request_is_what_override_makes_and_the_original_is_untouched
                                                 "extra_headers": {"X-Program-Id": "p-1"}})
     assert type(tagged) is type(expected) and tagged == expected and vars(tagged) == vars(expected)
     assert request.model_settings == {"extra_body": {"top_k": 5}, "temperature": 0}
+
+
+def test_the_model_name_follows_a_model_chosen_per_call(sink):
+    """The name is remembered per model object; an outer middleware switching models must show."""
+    from langchain.agents.middleware import AgentMiddleware
+
+    small = ScriptedChatModel(script=[calls(("add", "call_add_s"), args={"a": 1, "b": 1})], model_name="small")
+    large = ScriptedChatModel(script=[answer("2")], model_name="large")
+
+    class Escalate(AgentMiddleware):
+        def wrap_model_call(self, request, handler):
+            return handler(request.override(model=large) if len(request.messages) > 1 else request)
+
+    agent = create_agent(small, [add], name="coder", middleware=[Escalate(), MaitredMiddleware()])
+    agent.invoke({"messages": [{"role": "user", "content": "1+1"}]}, config("t-models"))
+    assert [e.model for e in flushed(sink).of_type("llm.start")] == ["small", "large"]
