@@ -36,7 +36,7 @@ from langchain.agents.middleware import AgentMiddleware, ModelRequest
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage, convert_to_openai_messages
 from langchain_core.outputs import LLMResult
-from langgraph.config import get_config
+from langchain_core.runnables.config import var_child_runnable_config
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, Send
 
@@ -299,11 +299,8 @@ class MaitredMiddleware(AgentMiddleware):
         and one whose ``llm.start`` was not recorded still goes tagged: the gateway schedules by
         the tag."""
         try:
-            try:
-                config: Mapping[str, Any] | None = get_config()
-            except RuntimeError:  # called outside a runnable context
-                config = None
-            program_id, agent = program_and_agent(config, self.program_id, self.agent)
+            # What ``langgraph.config.get_config`` reads, without its raise outside a run.
+            program_id, agent = program_and_agent(var_child_runnable_config.get(), self.program_id, self.agent)
             tagged = _tagged(request, program_id) if self.tag_requests else request
         except Exception:
             log.debug("maitred: model call not tagged", exc_info=True)
