@@ -13,11 +13,11 @@ PREFIX = {"planner": 6_000, "coder": 7_000}
 
 
 def handoff_trace(programs: int = 6) -> Trace:
-    """Planners that hand over to a coder after two steps, each step followed by a 3 s tool
-    (longer than the 1 s scheduling period, so a step sees the handoff before the consumer asks).
+    """Planners that hand over to a coder after two steps, each step followed by a 12 s tool
+    (longer than maitred's scheduling period, so a step sees the handoff before the consumer asks).
     One program starts as a coder, so the runtime learns the coder's system prompt the way the
     gateway does: from an agent's first prompt."""
-    tool = (ToolCall("Bash", 3.0),)
+    tool = (ToolCall("Bash", 12.0),)
     teacher = ProgramTrace("coder-first", (Step("coder", 8_000, 50, tool), Step("coder", 8_500, 50)))
     shared = 3_000
     handoffs = [ProgramTrace(f"handoff-{i}", (
