@@ -247,7 +247,8 @@ def test_each_policy_runs_at_its_published_cadence_and_hold_bound():
     assert (RunConfig("thunderagent_offload", 1).period, RunConfig("mori", 1).period) == (5.0, 5.0)
     assert RunConfig("mori", 1, hold_timeout_s=30.0).hold == 30.0
     urgent = {name for name, sim in SIM_POLICIES.items() if sim.urgent_s is not None and sim.urgent_s > 0}
-    assert urgent == {"maitred", "oracle", "clairvoyant"}  # maitred's gateway (and the references run on it)
+    # maitred's gateway (and its variants and the references run on it)
+    assert urgent == {"maitred", "maitred_no_preprefill", "oracle", "clairvoyant"}
     with pytest.raises(ValueError, match="hold_timeout_s"):
         RunConfig("mori", 1, hold_timeout_s=-1)
 

@@ -9,10 +9,13 @@ from hypothesis import strategies as st
 from maitred.events import Handoff, LLMEnd, LLMStart
 from maitred.runtime import POLICIES, Phase, Scheduler, SignalConfig, Tier, make_policy
 from maitred.runtime.model import WorkerState
-from maitred.runtime.tiering import plan_tiers
+from maitred.runtime.tiering import plan_tiers, working_set_capacity
 from tests.runtime_helpers import NOW, program, state
 
 RESERVE = SignalConfig().reserve_tokens
+#: No overcommit: with host memory the size of the GPU, maitred's GPU tier is the GPU (the
+#: worked examples below are about the order of demotion, not the tier's size).
+TIGHT = SignalConfig(overcommit_headroom=0.0)
 
 
 def used(st, worker, tier, decision=None):
@@ -40,12 +43,15 @@ def tiered_states(draw):
 @pytest.mark.parametrize("policy", ["mori", "maitred"])
 def test_tiering_never_leaves_a_tier_over_capacity(policy, case):
     """After a step, GPU use (not counting programs marked for lazy demotion, which leave when
-    their step ends) and host use are within capacity on every worker."""
+    their step ends) and host use are within capacity on every worker; for maitred the GPU
+    tier's capacity is its working-set capacity at the start of the step."""
     workers, programs = case
     st_ = state(workers, programs)
+    tier_caps = working_set_capacity(st_.view(NOW)) if policy == "maitred" else None
     decision = Scheduler(st_, policy).tick(NOW)
     for worker, gpu, cpu in workers:
-        assert used(st_, worker, Tier.GPU, decision) <= gpu
+        cap = tier_caps[worker].gpu_tokens if tier_caps else gpu
+        assert used(st_, worker, Tier.GPU, decision) <= cap
         assert used(st_, worker, Tier.CPU) <= cpu
 
 
@@ -74,7 +80,7 @@ def test_gpu_over_capacity_demotes_the_most_idle_acting_program():
     c = program("c", tokens=3_488, phase=Phase.REASONING, home="w0", tier=Tier.GPU, cycles=[(0.5, 9.5)] * 3)
     for p in (a, b, c):
         p.phase_since = NOW
-    st_ = state([("w0", 10_000, 20_000)], [a, b, c])
+    st_ = state([("w0", 10_000, 10_000)], [a, b, c], TIGHT)
     decision = Scheduler(st_, "maitred").tick(NOW)
     assert [(m.program_id, m.dst, m.lazy) for m in decision.tier_moves] == [("a", Tier.CPU, False)]
     assert st_.programs["a"].tier is Tier.CPU and "a" not in decision.admitted
@@ -91,7 +97,65 @@ def test_maitred_demotes_by_idleness_per_token_where_mori_demotes_by_idleness():
         busy = program("busy", tokens=1_488, phase=Phase.REASONING, home="w0", tier=Tier.GPU)
         for p in (big, small):
             p.phase_since = NOW
-        return state([("w0", 10_000, 20_000)], [big, small, busy])
+        return state([("w0", 10_000, 10_000)], [big, small, busy], TIGHT)
+
+    assert [m.program_id for m in Scheduler(case(), "mori").tick(NOW).tier_moves] == ["big"]
+    assert [m.program_id for m in Scheduler(case(), "maitred").tick(NOW).tier_moves] == ["small"]
+
+
+def test_working_set_capacity_follows_the_busy_share_up_to_what_gpu_and_host_keep():
+    """Four programs of 9,488 (+512) tokens in w0's GPU tier (10,000 GPU tokens). All
+    reasoning with no history (ι = 0): busy share 1, the tier is 0.9 / 1 → at least the GPU,
+    so 10,000. All acting with ι = 0.75: busy share 0.25, 0.9 / 0.25 = 3.6, capped at
+    max(1, host / GPU) + headroom: 2 + 0.4 = 2.4 with 20,000 host tokens, 1.4 with none."""
+    def tier(phase, cycles, host):
+        ps = [program(f"p{i}", tokens=9_488, phase=phase, home="w0", tier=Tier.GPU, cycles=cycles) for i in range(4)]
+        for p in ps:
+            p.phase_since = NOW
+        return working_set_capacity(state([("w0", 10_000, host)], ps).view(NOW))["w0"].gpu_tokens
+
+    assert tier(Phase.REASONING, [], 20_000) == 10_000
+    assert tier(Phase.ACTING, [(1, 3)] * 4, 20_000) == 24_000
+    assert tier(Phase.ACTING, [(1, 3)] * 4, 0) == 14_000
+    half = [program(f"h{i}", tokens=1_488, phase=Phase.ACTING, home="w0", tier=Tier.GPU, cycles=[(1, 1)] * 4) for i in range(2)]
+    for p in half:
+        p.phase_since = NOW
+    assert working_set_capacity(state([("w0", 10_000, 20_000)], half).view(NOW))["w0"].gpu_tokens == 18_000  # 0.9 / 0.5
+
+
+def test_maitred_admits_beyond_the_gpu_when_its_programs_mostly_wait_where_mori_holds():
+    """w0 (10,000 GPU, 20,000 host tokens) has two GPU-tier programs of 4,488 (+512), both in long
+    tools (ι = 0.9): the GPU tier is full. A new program of 3,488 (+512) asks for the GPU. MORI's
+    tier is the GPU: the newcomer squeezes out one idle program (displacement), whose next
+    request will be held. maitred's tier is sized by the busy share (0.1 → capped at 2.4 × the
+    GPU): all three stay admitted, and the idle programs' KV leaves the GPU only if the engine
+    needs the room (its host copy is already there)."""
+    def case():
+        idle = [program(f"i{k}", tokens=4_488, home="w0", tier=Tier.GPU, cycles=[(1, 9)] * 4) for k in range(2)]
+        for p in idle:
+            p.phase_since = NOW
+        new = program("new", tokens=3_488, phase=Phase.REASONING)
+        return state([("w0", 10_000, 20_000)], [*idle, new])
+
+    ours = Scheduler(case(), "maitred").tick(NOW)
+    assert ours.admitted == {"i0", "i1", "new"} and not ours.tier_moves
+    mori = Scheduler(case(), "mori").tick(NOW)
+    assert "new" in mori.admitted and [(m.program_id, m.dst) for m in mori.tier_moves] == [("i0", Tier.CPU)]
+
+
+def test_maitred_brings_back_the_smallest_waiting_program_first_where_mori_takes_the_least_idle():
+    """5,000 free GPU tokens on w0, nothing else in its GPU tier, and two host-tier programs that
+    want the GPU now: big (3,488 +512, ι = 0.2) and small (1,488 +512, ι = 0.8), beside a
+    reasoning filler of 2,488 (+512) in a 7,000-token GPU: 4,000 free, room for big alone, or
+    for small with 2,000 to spare that big does not fit. MORI takes the least idle (big),
+    maitred the smallest (small). TIGHT keeps maitred's tier at the GPU."""
+    def case():
+        big = program("big", tokens=3_488, home="w0", tier=Tier.CPU, returned=True, cycles=[(8, 2)])
+        small = program("small", tokens=1_488, home="w0", tier=Tier.CPU, returned=True, cycles=[(2, 8)])
+        filler = program("filler", tokens=2_488, phase=Phase.REASONING, home="w0", tier=Tier.GPU)
+        for p in (big, small):
+            p.phase_since = NOW
+        return state([("w0", 7_000, 7_000)], [big, small, filler], TIGHT)
 
     assert [m.program_id for m in Scheduler(case(), "mori").tick(NOW).tier_moves] == ["big"]
     assert [m.program_id for m in Scheduler(case(), "maitred").tick(NOW).tier_moves] == ["small"]
@@ -100,7 +164,7 @@ def test_maitred_demotes_by_idleness_per_token_where_mori_demotes_by_idleness():
 def test_all_reasoning_marks_the_most_idle_for_lazy_demotion_then_moves_it_after_its_step():
     a = program("a", tokens=5_488, phase=Phase.REASONING, home="w0", tier=Tier.GPU, cycles=[(1, 9)] * 3)
     b = program("b", tokens=5_488, phase=Phase.REASONING, home="w0", tier=Tier.GPU, cycles=[(5, 5)] * 3)
-    st_ = state([("w0", 10_000, 20_000)], [a, b])
+    st_ = state([("w0", 10_000, 10_000)], [a, b], TIGHT)
     sched = Scheduler(st_, "maitred")
     decision = sched.tick(NOW)
     assert [(m.program_id, m.lazy) for m in decision.tier_moves] == [("a", True)]

@@ -117,6 +117,8 @@ class SignalConfig:
     max_warmups_in_flight: int = 2    # per worker
     preprefill_beta: float = 0.5      # LOCAL: consumer-count weight
     preprefill_cap_tokens: int = 8192  # LOCAL: M, the cap on missing tokens in D
+    busy_margin: float = 0.9          # maitred: share of GPU KV the expected busy set may fill
+    overcommit_headroom: float = 0.4  # maitred: admitted KV beyond what GPU and host can keep, × GPU
 
     def __post_init__(self) -> None:
         for name in ("idleness_cycles", "min_history", "dp_quanta", "dp_state_budget"):
@@ -127,3 +129,7 @@ class SignalConfig:
                 raise ValueError(f"{name} must be positive")
         if not 0.5 <= self.confidence < 1:
             raise ValueError("confidence must be in [0.5, 1)")
+        if not 0 < self.busy_margin <= 1:
+            raise ValueError("busy_margin must be in (0, 1]")
+        if self.overcommit_headroom < 0:
+            raise ValueError("overcommit_headroom must be >= 0")

@@ -1,19 +1,25 @@
 """maitred: MORI's tiers, TAO's placement and readiness, LOCAL's pre-prefill, composed.
 
+0. The GPU tier is sized by the expected busy set, not the GPU (``working_set_capacity``):
+   the busy share of the admitted programs is how maitred reads the regime — mostly thinking
+   agents get ThunderAgent's capacity, mostly waiting ones as much as GPU and host can keep.
 1. Tiering (MORI) per worker, by relative idleness, demoting in order of idleness per token
-   (cheaper-to-restore programs first among the idle); dropped programs are left to step 2.
+   (cheaper-to-restore programs first among the idle), bringing back the smallest of those
+   that want the GPU first; dropped programs are left to step 2.
 2. Placement (TAO) of the waiting pool — new, dropped, and returning programs that no longer
    fit at home — by the exact DP over (cache credit, readiness, tokens), BFD past its budget.
 3. Pre-prefill (LOCAL + TAO): warm the consumers of handoffs and the programs about to return
    whose KV is not on their worker's GPU, on workers with no foreground queue.
 """
 
+from dataclasses import replace
+
 from maitred.runtime.decisions import Decision, Warmup
 from maitred.runtime.placement import candidates_for_placement, place
 from maitred.runtime.policies.base import finish
 from maitred.runtime.preprefill import admit, propose
 from maitred.runtime.state import View
-from maitred.runtime.tiering import plan_tiers
+from maitred.runtime.tiering import plan_tiers, working_set_capacity
 
 
 class Maitred:
@@ -23,10 +29,11 @@ class Maitred:
         self.preprefill = preprefill
 
     def step(self, view: View) -> Decision:
-        tiers = plan_tiers(view, promote_waiting=False, per_token=True)
+        planned = replace(view, workers=working_set_capacity(view))
+        tiers = plan_tiers(planned, promote_waiting=False, per_token=True)
         free = tiers.gpu_free()
-        candidates, reason = candidates_for_placement(view, tiers.tiers, free)
-        placement = place(view, candidates, free, reason=reason)
+        candidates, reason = candidates_for_placement(planned, tiers.tiers, free)
+        placement = place(planned, candidates, free, reason=reason)
         warmups: tuple[Warmup, ...] = ()
         if self.preprefill:
             left = dict(free)
