@@ -5,9 +5,13 @@ import math
 
 import pytest
 
+from maitred.runtime import Tier
+from maitred.runtime.decisions import Warmup
+from maitred.runtime.preprefill import admit, room_needed
 from maitred.sim.profile import EngineProfile
 from maitred.sim.replay import SIM_POLICIES, Replay, RunConfig, SimPolicy, run_one
 from maitred.sim.traces import ProgramTrace, Step, ToolCall, Trace, load_trace
+from tests.runtime_helpers import NOW, program, state
 
 PREFIX = {"planner": 6_000, "coder": 7_000}
 
@@ -64,3 +68,42 @@ def test_no_preprefill_is_maitred_with_its_warmups_off():
     assert replay.scheduler.policy.name == "maitred" and not replay.scheduler.policy.preprefill  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="preprefill: only the maitred runtime policy"):
         SimPolicy("mori", preprefill=False)
+
+
+# -- the planner: room a warmup takes, and admission under load -----------------------------------
+
+
+def handoff_warmup(pid: str, tokens: int, *, worker: str = "w0", kind: str = "handoff", priority: float = 1.0) -> Warmup:
+    return Warmup(pid, worker, tokens, kind, priority, "coder")
+
+
+def test_a_handoff_consumer_in_the_gpu_tier_needs_only_the_room_beyond_its_own():
+    """The consumer's prompt (another agent's prefix) replaces the producer's context, for which
+    the plan already holds room (context + the 512-token reserve) on its home worker."""
+    view = state([("w0", 100_000, 100_000), ("w1", 100_000, 100_000)], [
+        program("home", tokens=20_000, home="w0", tier=Tier.GPU),
+        program("away", tokens=20_000, home="w0", tier=Tier.CPU),
+    ]).view(NOW)
+    assert room_needed(view, handoff_warmup("home", 12_000)) == 0
+    assert room_needed(view, handoff_warmup("home", 30_000)) == 30_000 - 20_512
+    assert room_needed(view, handoff_warmup("away", 12_000)) == 12_000             # holds no GPU room
+    assert room_needed(view, handoff_warmup("home", 12_000, worker="w1")) == 12_000  # not its home
+    assert room_needed(view, handoff_warmup("home", 12_000, kind="recompute")) == 12_000  # same prompt grows
+
+
+def test_under_load_only_warmups_that_need_no_new_room_are_admitted():
+    """With foreground requests queued and no free KV (C=80), a consumer that fits in its own
+    room is still warmed (the engine runs foreground prefill first, and it takes no memory a
+    queued request waits for); one that needs more waits, as before."""
+    st_ = state([("w0", 100_000, 100_000)], [
+        program("fits", tokens=20_000, home="w0", tier=Tier.GPU),
+        program("grows", tokens=20_000, home="w0", tier=Tier.GPU),
+    ])
+    fits, grows = handoff_warmup("fits", 12_000, priority=2.0), handoff_warmup("grows", 30_000)
+    st_.workers["w0"].queued_requests = 2
+    assert admit(st_.view(NOW), [fits, grows], {"w0": 50_000}) == (fits,)
+    st_.workers["w0"].queued_requests = 0
+    assert admit(st_.view(NOW), [fits, grows], {"w0": 0}) == (fits,)
+    assert admit(st_.view(NOW), [fits, grows], {"w0": 50_000}) == (fits, grows)
+    st_.workers["w0"].warmups_in_flight = 2  # the cap in flight still holds
+    assert admit(st_.view(NOW), [fits, grows], {"w0": 50_000}) == ()
