@@ -44,13 +44,13 @@ def tiered_states(draw):
 def test_tiering_never_leaves_a_tier_over_capacity(policy, case):
     """After a step, GPU use (not counting programs marked for lazy demotion, which leave when
     their step ends) and host use are within capacity on every worker; for maitred the GPU
-    tier's capacity is its working-set capacity at the start of the step."""
+    tier's capacity is its working-set ceiling at the start of the step."""
     workers, programs = case
     st_ = state(workers, programs)
     tier_caps = working_set_capacity(st_.view(NOW)) if policy == "maitred" else None
     decision = Scheduler(st_, policy).tick(NOW)
     for worker, gpu, cpu in workers:
-        cap = tier_caps[worker].gpu_tokens if tier_caps else gpu
+        cap = tier_caps[worker].ceiling if tier_caps else gpu
         assert used(st_, worker, Tier.GPU, decision) <= cap
         assert used(st_, worker, Tier.CPU) <= cpu
 
@@ -112,15 +112,36 @@ def test_working_set_capacity_follows_the_busy_share_up_to_what_gpu_and_host_kee
         ps = [program(f"p{i}", tokens=9_488, phase=phase, home="w0", tier=Tier.GPU, cycles=cycles) for i in range(4)]
         for p in ps:
             p.phase_since = NOW
-        return working_set_capacity(state([("w0", 10_000, host)], ps).view(NOW))["w0"].gpu_tokens
+        c = working_set_capacity(state([("w0", 10_000, host)], ps).view(NOW))["w0"]
+        return c.fill, c.ceiling
 
-    assert tier(Phase.REASONING, [], 20_000) == 10_000
-    assert tier(Phase.ACTING, [(1, 3)] * 4, 20_000) == 24_000
-    assert tier(Phase.ACTING, [(1, 3)] * 4, 0) == 14_000
+    assert tier(Phase.REASONING, [], 20_000) == (10_000, 10_000)
+    assert tier(Phase.ACTING, [(1, 3)] * 4, 20_000) == (24_000, 24_000)
+    assert tier(Phase.ACTING, [(1, 3)] * 4, 0) == (14_000, 14_000)
     half = [program(f"h{i}", tokens=1_488, phase=Phase.ACTING, home="w0", tier=Tier.GPU, cycles=[(1, 1)] * 4) for i in range(2)]
     for p in half:
         p.phase_since = NOW
-    assert working_set_capacity(state([("w0", 10_000, 20_000)], half).view(NOW))["w0"].gpu_tokens == 18_000  # 0.9 / 0.5
+    c = working_set_capacity(state([("w0", 10_000, 20_000)], half).view(NOW))["w0"]
+    assert (c.fill, c.ceiling) == (18_000, 20_000)  # 0.9 / 0.5 and 1 / 0.5
+
+
+def test_maitred_demotes_only_above_its_ceiling_and_only_down_to_it():
+    """w0: 10,000 GPU and 20,000 host tokens; five acting programs of 3,488 (+512) with ι = 0.5
+    (busy share 0.5): fill 18,000, ceiling 20,000. At 20,000 (all five) nothing moves: the band
+    absorbs it where filling stops at 18,000. A sixth, reasoning program of 1,488 (+512) brings the
+    share to (10,000 + 2,000) / 22,000 and the ceiling to 10,000 / 0.545 = 18,333: one program
+    (the most idle per token) goes, leaving 18,000, not down to the fill level."""
+    def case(extra):
+        ps = [program(f"p{i}", tokens=3_488, home="w0", tier=Tier.GPU, cycles=[(1, 1)] * 4) for i in range(5)]
+        if extra:
+            ps.append(program("busy", tokens=1_488, phase=Phase.REASONING, home="w0", tier=Tier.GPU))
+        for p in ps:
+            p.phase_since = NOW
+        return state([("w0", 10_000, 20_000)], ps)
+
+    assert not Scheduler(case(False), "maitred").tick(NOW).tier_moves
+    moves = Scheduler(case(True), "maitred").tick(NOW).tier_moves
+    assert [(m.dst, m.lazy) for m in moves] == [(Tier.CPU, False)]
 
 
 def test_maitred_admits_beyond_the_gpu_when_its_programs_mostly_wait_where_mori_holds():

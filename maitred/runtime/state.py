@@ -265,10 +265,22 @@ class RuntimeState:
         p.returned, p.tool = False, None
         if e.prompt_tokens is not None:
             p.context_tokens = e.prompt_tokens
+            self._learn_handoff_prefix(p, e.prompt_tokens)
             self._learn_prefix(p, e.prompt_tokens)
         if e.model:
             p.model = e.model
         self.handoffs = [h for h in self.handoffs if not (h.program_id == p.program_id and h.to_agent == p.agent)]
+
+    def _learn_handoff_prefix(self, p: ProgramState, prompt_tokens: int) -> None:
+        """An agent first seen as a handoff's consumer (a coder that only ever starts from a
+        planner's handoff, so ``_learn_prefix`` never sees its first prompt): its first prompt less
+        the shared context is its system prompt, which the next handoff's warmup must include."""
+        if not p.agent or p.agent in self.agent_prefix_tokens:
+            return
+        for h in self.handoffs:
+            if h.program_id == p.program_id and h.to_agent == p.agent and h.expected_prompt_tokens is None:
+                self.agent_prefix_tokens[p.agent] = max(prompt_tokens - h.context_tokens, 0)
+                return
 
     def _learn_prefix(self, p: ProgramState, prompt_tokens: int) -> None:
         """An agent's first prompt is (mostly) its system prompt: the prefix a handoff to it shares."""

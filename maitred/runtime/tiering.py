@@ -18,7 +18,8 @@ copy stays on its home worker and promotion brings it back there (affinity).
 """
 
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from maitred.runtime.decisions import TierMove
 from maitred.runtime.model import Phase, ProgramState, Tier, WorkerState
@@ -100,7 +101,17 @@ class TierPlan:
             over -= self.weight(p)
 
 
-def working_set_capacity(view: View) -> dict[str, WorkerState]:
+@dataclass(frozen=True, slots=True)
+class TierCapacity:
+    """maitred's GPU tier on one worker, in tokens: promotions and placement fill it up to
+    ``fill``; nothing is demoted until it holds more than ``ceiling``, and then only down to
+    ``ceiling`` (a band, so that a busy share that wobbles from step to step moves nobody)."""
+
+    fill: int
+    ceiling: int
+
+
+def working_set_capacity(view: View) -> dict[str, TierCapacity]:
     """maitred's GPU-tier capacity per worker: how much KV may be *admitted* so that what is
     expected to be busy at once fits the GPU.
 
@@ -108,16 +119,22 @@ def working_set_capacity(view: View) -> dict[str, WorkerState]:
     all the time. With HiCache write-through an idle program's KV has a host copy and comes
     back at link speed (~70 ms for 30k tokens of a 7B model at 25 GB/s), while a held request
     waits seconds. So the tier is sized by the expected busy set instead: a program is busy for
-    the share ``1 − ι`` of its recent cycles (MORI's relative idleness), and the tier holds
-    ``busy_margin / s`` × the GPU, where ``s`` is the token-weighted busy share of the programs
-    in it. That is the regime signal: agents that mostly think (SWE-agent, s ≈ 0.96) get about
-    the GPU, agents that mostly wait on tools (s ≈ 0.3) up to the cap. The cap is what the two
-    tiers can keep without recomputing — ``max(1, host / GPU)`` (write-through mirrors the GPU
-    on the host, so host memory below the GPU's adds no room) — plus ``overcommit_headroom``
-    GPUs' worth of KV that is recomputed when evicted without a host copy. Measured on the
-    replay (1,200 s, C = 50/80): margin 0.85–0.95 and headroom 0.2–0.4 all beat the best
-    baseline in every cell; margin 1.0 loses ~4% on SWE-agent, where ~4% overcommit thrashes.
-    Programs with no history count as busy (ι = 0), so a cold start is sized like ThunderAgent.
+    the share ``1 − ι`` of its recent cycles (MORI's relative idleness), and ``s`` is the
+    token-weighted busy share of the programs in the tier. That is the regime signal: agents
+    that mostly think (SWE-agent, s ≈ 0.96) get about the GPU, agents that mostly wait on
+    tools (s ≈ 0.3) up to the cap. The tier fills to ``busy_margin / s`` × the GPU and demotes
+    above ``1 / s`` × the GPU (the expected busy set exactly fills the GPU). The cap is what the
+    two tiers can keep without recomputing — ``max(1, host / GPU)`` (write-through mirrors the
+    GPU on the host, so host memory below the GPU's adds no room) — plus
+    ``overcommit_headroom`` GPUs' worth of KV that is recomputed when evicted without a host
+    copy. Neither level goes below the GPU. Programs with no history count as busy (ι = 0), so
+    a cold start is sized like ThunderAgent.
+
+    Measured on the replay (3,600 s, synthetic and SWE-agent at C = 50/80 ×1, H100 and 70B
+    profiles): without the band, demoting above ``fill``, maitred re-tiered ~2,900 times an
+    hour at synthetic C = 80 and lost 2–5% to ThunderAgent; with it, ~400 moves and 1.01–1.11×.
+    Fill margins 0.85–0.95 and headroom 0.2–0.4 measured alike; a fill margin of 1.0 loses ~4%
+    on SWE-agent, where ~4% overcommit thrashes; headroom 0 loses 2–3% on synthetic ×1.
     """
     reserve, cfg = view.cfg.reserve_tokens, view.cfg
     tokens: dict[str, float] = defaultdict(float)
@@ -129,14 +146,18 @@ def working_set_capacity(view: View) -> dict[str, WorkerState]:
             busy[p.home_worker] += weight * (1 - view.signals[p.program_id].idleness)
     out = {}
     for worker_id, w in view.workers.items():
-        share = busy[worker_id] / tokens[worker_id] if tokens[worker_id] else 1.0
+        share = max(busy[worker_id] / tokens[worker_id] if tokens[worker_id] else 1.0, 1e-3)
         cap = max(1.0, w.cpu_tokens / w.gpu_tokens if w.gpu_tokens else 0.0) + cfg.overcommit_headroom
-        scale = min(max(cfg.busy_margin / max(share, 1e-3), 1.0), cap)
-        out[worker_id] = replace(w, gpu_tokens=int(w.gpu_tokens * scale))
+
+        def level(margin: float, w: WorkerState = w, share: float = share, cap: float = cap) -> int:
+            return int(w.gpu_tokens * min(max(margin / share, 1.0), cap))
+
+        out[worker_id] = TierCapacity(fill=level(cfg.busy_margin), ceiling=level(1.0))
     return out
 
 
-def plan_tiers(view: View, *, promote_waiting: bool, per_token: bool = False, displace: bool = False) -> TierPlan:
+def plan_tiers(view: View, *, promote_waiting: bool, per_token: bool = False, displace: bool = False,
+               ceilings: Mapping[str, int] | None = None) -> TierPlan:
     """``promote_waiting``: also bring dropped programs back at home (MORI alone); maitred
     leaves them to TAO placement, which may find them a better worker.
 
@@ -151,14 +172,20 @@ def plan_tiers(view: View, *, promote_waiting: bool, per_token: bool = False, di
     1.02×. maitred uses it; ``mori`` stays as published.
 
     ``displace``: a program that wants the GPU now squeezes out more idle ones (``make_room``).
+
+    ``ceilings``: per worker, demote only once the GPU tier holds more than this, and only down
+    to it (maitred's band, ``TierCapacity``); promotions still fill up to the worker's
+    ``gpu_tokens``. Without, the two are the same.
     """
     plan = TierPlan(view)
     for worker_id in list(plan.by_worker):
-        _plan_worker(plan, worker_id, promote_waiting, per_token, displace)
+        ceiling = ceilings.get(worker_id) if ceilings else None
+        _plan_worker(plan, worker_id, promote_waiting, per_token, displace, ceiling)
     return plan
 
 
-def _plan_worker(plan: TierPlan, worker_id: str, promote_waiting: bool, per_token: bool, displace: bool) -> None:
+def _plan_worker(plan: TierPlan, worker_id: str, promote_waiting: bool, per_token: bool, displace: bool,
+                 ceiling: int | None) -> None:
     worker = plan.view.workers[worker_id]
     programs = plan.by_worker[worker_id]
     tiers, iota, weight = plan.tiers, plan.iota, plan.weight
@@ -167,9 +194,12 @@ def _plan_worker(plan: TierPlan, worker_id: str, promote_waiting: bool, per_toke
         if p.lazy_demote and tiers[p.program_id] is Tier.GPU and p.phase is not Phase.REASONING:
             plan.demote(p, worker)
 
-    over = plan.used(worker_id, Tier.GPU, lazy=False) - worker.gpu_tokens
+    over = plan.used(worker_id, Tier.GPU, lazy=False) - (worker.gpu_tokens if ceiling is None else ceiling)
     rank = (lambda p: -iota(p) / weight(p)) if per_token else (lambda p: -iota(p))
-    gpu = sorted((p for p in programs if tiers[p.program_id] is Tier.GPU), key=rank)
+    # maitred: a program that just handed off is about to ask again (its consumer asks when the
+    # producer's tools end), so it goes last, whatever its history says about idleness.
+    handing = {h.program_id for h in plan.view.handoffs} if per_token else set()
+    gpu = sorted((p for p in programs if tiers[p.program_id] is Tier.GPU), key=lambda p: (p.program_id in handing, rank(p)))
     for p in gpu:
         if over <= 0:
             break

@@ -15,6 +15,7 @@
 from dataclasses import replace
 
 from maitred.runtime.decisions import Decision, Warmup
+from maitred.runtime.model import Phase, Tier
 from maitred.runtime.placement import candidates_for_placement, place
 from maitred.runtime.policies.base import finish
 from maitred.runtime.preprefill import admit, propose
@@ -29,8 +30,8 @@ class Maitred:
         self.preprefill = preprefill
 
     def step(self, view: View) -> Decision:
-        planned = replace(view, workers=working_set_capacity(view))
-        tiers = plan_tiers(planned, promote_waiting=False, per_token=True)
+        planned, ceilings = _sized(view)
+        tiers = plan_tiers(planned, promote_waiting=False, per_token=True, ceilings=ceilings)
         free = tiers.gpu_free()
         candidates, reason = candidates_for_placement(planned, tiers.tiers, free)
         placement = place(planned, candidates, free, reason=reason)
@@ -42,3 +43,29 @@ class Maitred:
             warmups = admit(view, propose(view, placement.assignments), left)
         return finish(self.name, view, moves=tiers.moves, assignments=placement.assignments, warmups=warmups,
                       dp_fallback=placement.fallback if candidates else None)
+
+    def admit_at_arrival(self, view: View, program_id: str) -> Decision | None:
+        """A new program's first request is placed at once when it fits a GPU tier and jumps
+        no queue (no program that wants the GPU is outside one); otherwise the next step
+        places it with the waiting pool. Waiting for a step costs its first request the
+        period (a 50 ms step at least): 0.07 against ThunderAgent's 0.06 s mean TTFT at
+        synthetic C = 20, where ThunderAgent admits at arrival."""
+        p = view.programs[program_id]
+        if p.home_worker is not None:
+            return None
+        if any(q.program_id != program_id and q.phase is Phase.REASONING and q.tier is not Tier.GPU
+               for q in view.programs.values()):
+            return None
+        planned, ceilings = _sized(view)
+        free = plan_tiers(planned, promote_waiting=False, per_token=True, ceilings=ceilings).gpu_free()
+        placement = place(planned, [p], free, reason={program_id: "new"})
+        if not placement.assignments:
+            return None
+        return Decision(self.name, assignments=placement.assignments, admitted=frozenset({program_id}))
+
+
+def _sized(view: View) -> tuple[View, dict[str, int]]:
+    """The view with each worker's GPU tier at its working-set fill level, and the ceilings."""
+    caps = working_set_capacity(view)
+    workers = {wid: replace(w, gpu_tokens=caps[wid].fill) for wid, w in view.workers.items()}
+    return replace(view, workers=workers), {wid: c.ceiling for wid, c in caps.items()}
