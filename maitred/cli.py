@@ -400,12 +400,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--since", type=_since, help=since_help)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="what", required=True, metavar="WHAT")
-    from maitred.sim.replay import SIM_POLICIES, UNLIMITED_TOKENS
+    from maitred.sim.replay import DEFAULT_POLICIES, SIM_POLICIES, UNLIMITED_TOKENS
 
     p = add("replay", cmd_bench_replay, "replay a trace against every policy on simulated workers", bench)
     p.add_argument("--trace", required=True, help="SWE-agent folder, TraceLab or maitred JSONL, or synthetic:claude-code[?options]")
-    p.add_argument("--policy", type=_csv(str, list(SIM_POLICIES)), default=tuple(SIM_POLICIES),
-                   help=f"comma-separated (default: all of {','.join(SIM_POLICIES)})")
+    p.add_argument("--policy", type=_csv(str, list(SIM_POLICIES)), default=DEFAULT_POLICIES,
+                   help=f"comma-separated, of {','.join(SIM_POLICIES)} (default: all but maitred_no_preprefill)")
     p.add_argument("--concurrency", type=_csv(int, maximum=MAX_CONCURRENCY), default=(20, 50, 80),
                    help="concurrent programs per run, comma-separated")
     p.add_argument("--cpu-ratio", type=_csv(float), default=(1.0, 2.0), help="host KV memory as a multiple of GPU KV memory")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from maitred.sim.profile import EngineProfile
-from maitred.sim.replay import SIM_POLICIES, RunConfig, run_one
+from maitred.sim.replay import DEFAULT_POLICIES, RunConfig, run_one
 from maitred.sim.traces import Trace, load_trace
 
 UNLIMITED = "unlimited"
@@ -25,7 +25,7 @@ BASELINES = ("round_robin", "cache_aware", "thunderagent", "thunderagent_offload
 @dataclass(frozen=True, slots=True)
 class Matrix:
     trace: str
-    policies: tuple[str, ...] = tuple(SIM_POLICIES)
+    policies: tuple[str, ...] = DEFAULT_POLICIES
     concurrencies: tuple[int, ...] = (20, 50, 80)
     cpu_ratios: tuple[float, ...] = (1.0, 2.0)
     duration_s: float = 3600.0

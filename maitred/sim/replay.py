@@ -98,6 +98,10 @@ SIM_POLICIES: dict[str, SimPolicy] = {
                              period_s=CLAIRVOYANT_PERIOD_S, hold_s=TA_HOLD_S, urgent_s=MAITRED_URGENT_S),
 }
 
+#: What ``maitred bench replay`` runs unless told: every policy but the ablation variants
+#: (``maitred_no_preprefill`` is asked for by name, e.g. on the handoff workload).
+DEFAULT_POLICIES = tuple(name for name in SIM_POLICIES if name != "maitred_no_preprefill")
+
 
 @dataclass(frozen=True, slots=True)
 class RunConfig:
