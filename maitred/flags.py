@@ -33,5 +33,19 @@ def positive(unit: str = "number") -> Callable[[str], float]:
     return parse
 
 
+def bounded(low: float, high: float, *, open_low: bool = False) -> Callable[[str], float]:
+    """A float in [low, high] (or (low, high] with ``open_low``)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or value > high or value < low or (open_low and value == low):
+            interval = f"{'(' if open_low else '['}{low:g}, {high:g}]"
+            raise argparse.ArgumentTypeError(f"must be in {interval}, got {text!r}")
+        return value
+    return parse
+
+
 port = whole(1, 65535, unit="port number")
 seconds = positive("number of seconds")

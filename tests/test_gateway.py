@@ -239,7 +239,10 @@ async def test_many_concurrent_streams_are_held_released_and_leave_nothing_behin
 async def test_under_memory_pressure_idle_programs_are_demoted_newcomers_held_and_all_resume(cluster):
     # Each worker holds two of these programs (2,100 tokens of context plus the 512 reserve); the
     # words are four characters, so the gateway's estimate before the first answer is the real size.
-    c = cluster(workers=2, gpu_tokens=6_000, cpu_tokens=12_000, runtime=replace(FAST, hold_timeout_s=1.5))
+    # Host memory the size of the GPU and no overcommit: maitred's GPU tier is the GPU, so the
+    # idle programs fill it (with more host memory it would admit the newcomers beside them).
+    c = cluster(workers=2, gpu_tokens=6_000, cpu_tokens=6_000,
+                runtime=replace(FAST, hold_timeout_s=1.5, overcommit_headroom=0.0))
     async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
         first = [f"a{i}" for i in range(4)]
         histories = {}
@@ -395,8 +398,9 @@ async def test_claude_code_hook_payloads_become_program_state(cluster):
 
 
 async def test_a_demoted_program_about_to_return_is_warmed_with_a_prefill_only_request(cluster):
-    c = cluster(workers=1, gpu_tokens=40_000, cpu_tokens=80_000, runtime=replace(FAST, hold_timeout_s=1.0))
-    prompts = {f"t{i}": f"t{i} " + "tok " * 6_000 for i in range(7)}  # six fit, the seventh is forced in
+    # No overcommit (maitred's GPU tier is the GPU): six fit, the seventh is forced in.
+    c = cluster(workers=1, gpu_tokens=40_000, cpu_tokens=40_000, runtime=replace(FAST, hold_timeout_s=1.0, overcommit_headroom=0.0))
+    prompts = {f"t{i}": f"t{i} " + "tok " * 6_000 for i in range(7)}
 
     async def step(client: httpx.AsyncClient, pid: str) -> None:
         r = await client.post("/v1/completions", json={"model": "sim", "prompt": prompts[pid], "max_tokens": 4,

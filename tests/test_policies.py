@@ -164,6 +164,26 @@ def test_maitred_admits_beyond_the_gpu_when_its_programs_mostly_wait_where_mori_
     assert "new" in mori.admitted and [(m.program_id, m.dst) for m in mori.tier_moves] == [("i0", Tier.CPU)]
 
 
+def test_the_live_state_admits_at_once_within_the_tier_maitred_planned_beyond_the_gpu():
+    """After a maitred step sized w0's tier beyond its 10,000-token GPU (two idle programs of
+    4,488 +512: busy share 0.1), a host-tier program of 1,488 (+512) whose tool just returned is
+    admitted at once by ``admit_now`` (the gateway's path, no wait for a step): 12,000 planned
+    in a 24,000-token tier. Before any step the tier is the GPU, and the same request is held."""
+    def case():
+        idle = [program(f"i{k}", tokens=4_488, home="w0", tier=Tier.GPU, cycles=[(1, 9)] * 4) for k in range(2)]
+        back = program("back", tokens=1_488, home="w0", tier=Tier.CPU, cycles=[(1, 9)] * 4)
+        for p in (*idle, back):
+            p.phase_since = NOW
+        return state([("w0", 10_000, 20_000)], [*idle, back])
+
+    fresh = case()
+    assert fresh.admit_now("back") is None
+    st_ = case()
+    decision = Scheduler(st_, "maitred").tick(NOW)
+    assert decision.tier_tokens == {"w0": 24_000} and st_.tier_tokens == {"w0": 24_000}
+    assert st_.admit_now("back") == "w0" and st_.programs["back"].tier is Tier.GPU
+
+
 def test_maitred_brings_back_the_smallest_waiting_program_first_where_mori_takes_the_least_idle():
     """5,000 free GPU tokens on w0, nothing else in its GPU tier, and two host-tier programs that
     want the GPU now: big (3,488 +512, ι = 0.2) and small (1,488 +512, ι = 0.8), beside a

@@ -4,6 +4,7 @@ The stand-in is a tiny script given as ``--sglang-python``: it records the comma
 environment it was started with, then becomes a simulated worker on the port it was given, so
 the whole lifecycle (start, health, routing, stop, death of the parent) runs without sglang."""
 
+import argparse
 import json
 import os
 import signal
@@ -150,6 +151,9 @@ def test_serve_launches_sglang_routes_to_it_and_takes_it_down_with_itself(standi
     (["--policy", "fifo", "--worker", "http://127.0.0.1:1"], "--policy"),
     (["--tick", "nan", "--worker", "http://127.0.0.1:1"], "--tick"),
     (["--hold-timeout", "-1", "--worker", "http://127.0.0.1:1"], "--hold-timeout"),
+    (["--busy-margin", "0", "--worker", "http://127.0.0.1:1"], "--busy-margin"),
+    (["--busy-margin", "1.5", "--worker", "http://127.0.0.1:1"], "--busy-margin"),
+    (["--overcommit-headroom", "-0.1", "--worker", "http://127.0.0.1:1"], "--overcommit-headroom"),
     (["--gpus", "0,0", "--launch-sglang", "/m"], "--gpus"),
     (["--hicache-ratio", "1", "--launch-sglang", "/m"], "--hicache-ratio"),
     ([], "--worker"),
@@ -176,3 +180,16 @@ def test_sglang_args_prints_the_launch_lines_and_the_serve_line():
 
 def test_policy_names_of_the_cli_are_the_policies():
     assert set(POLICY_NAMES) == set(POLICIES)
+
+
+def test_serve_passes_the_tier_sizing_flags_to_the_runtime_state():
+    """``--busy-margin`` and ``--overcommit-headroom`` reach the signal config the policy reads."""
+    from maitred.runtime.service.loop import Runtime
+    from maitred.runtime.service.serve import _config, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--worker", "http://127.0.0.1:1", "--no-db", "--busy-margin", "0.8", "--overcommit-headroom", "0"])
+    config = _config(args, args.worker)
+    cfg = Runtime({}, config.runtime).state.cfg
+    assert (cfg.busy_margin, cfg.overcommit_headroom) == (0.8, 0.0)

@@ -57,3 +57,4 @@ class Decision:
     warmups: tuple[Warmup, ...] = ()
     priorities: Mapping[str, int] = field(default_factory=dict)  # SGLang request priority (higher = keep)
     dp_fallback: bool | None = None          # placement fell back to BFD (None: no DP this step)
+    tier_tokens: Mapping[str, int] = field(default_factory=dict)  # GPU-tier size planned per worker (default: its GPU)

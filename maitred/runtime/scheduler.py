@@ -92,10 +92,11 @@ def _still_valid(move: TierMove, state: RuntimeState) -> bool:
 
 
 def free_after(decision: Decision, planned: View) -> dict[str, int]:
-    """GPU tokens free on each healthy worker of the snapshot once the decision's tier moves are
-    made (before its assignments): the room the plan had to place programs in."""
+    """GPU-tier tokens free on each healthy worker of the snapshot once the decision's tier moves
+    are made (before its assignments): the room the plan had to place programs in. The tier is
+    the size the policy planned with (``Decision.tier_tokens``), else the worker's GPU."""
     reserve = planned.cfg.reserve_tokens
-    planned_free = {w.worker_id: w.gpu_tokens for w in planned.healthy_workers()}
+    planned_free = {w.worker_id: decision.tier_tokens.get(w.worker_id, w.gpu_tokens) for w in planned.healthy_workers()}
     tiers = {pid: p.tier for pid, p in planned.programs.items()}
     for m in decision.tier_moves:
         if not m.lazy and m.program_id in tiers:
@@ -107,8 +108,9 @@ def free_after(decision: Decision, planned: View) -> dict[str, int]:
 
 
 def _budgets(decision: Decision, planned: View, planned_free: dict[str, int], state: RuntimeState) -> dict[str, int]:
-    """Live free GPU tokens per healthy worker; unbounded where the plan did not budget (it
-    assigned more than the room its own tier moves left on the snapshot)."""
+    """Live free GPU-tier tokens per healthy worker (the tier the policy planned with); unbounded
+    where the plan did not budget (it assigned more than the room its own tier moves left on the
+    snapshot)."""
     reserve = planned.cfg.reserve_tokens
     asked: dict[str, int] = {}
     for a in decision.assignments:
@@ -116,6 +118,6 @@ def _budgets(decision: Decision, planned: View, planned_free: dict[str, int], st
             asked[a.worker] = asked.get(a.worker, 0) + planned.programs[a.program_id].weight(reserve)
     used = state.gpu_used()
     return {
-        w: (UNBUDGETED if asked.get(w, 0) > planned_free.get(w, 0) else s.gpu_tokens - used[w])
+        w: (UNBUDGETED if asked.get(w, 0) > planned_free.get(w, 0) else decision.tier_tokens.get(w, s.gpu_tokens) - used[w])
         for w, s in state.workers.items() if s.healthy
     }

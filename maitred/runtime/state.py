@@ -161,6 +161,9 @@ class RuntimeState:
         self.predictions = PredictionLog()
         self.adapter_versions: dict[str, str] = {}
         self.handoffs: list[PendingHandoff] = []
+        #: GPU-tier size per worker as the policy last planned it (maitred sizes it by the busy
+        #: set, beyond the GPU); admission at once holds to it. Default: the worker's GPU.
+        self.tier_tokens: dict[str, int] = {}
         self.agent_prefix_tokens: dict[str, int] = {}
         self._copies: dict[str, ProgramState] = {}
         self._history_copy: ToolHistory | None = None
@@ -424,7 +427,8 @@ class RuntimeState:
         if worker is None or not worker.healthy:
             return None
         if p.tier is not Tier.GPU:
-            if p.weight(self.cfg.reserve_tokens) > worker.gpu_tokens - self.gpu_used()[worker.worker_id]:
+            tier = self.tier_tokens.get(worker.worker_id, worker.gpu_tokens)
+            if p.weight(self.cfg.reserve_tokens) > tier - self.gpu_used()[worker.worker_id]:
                 return None
             p.tier, p.lazy_demote = Tier.GPU, False
             self.touch(program_id)
@@ -442,6 +446,7 @@ class RuntimeState:
     # -- decisions ----------------------------------------------------------------------------
 
     def apply_decision(self, decision: Decision) -> None:
+        self.tier_tokens.update(decision.tier_tokens)
         for move in decision.tier_moves:
             p = self.programs.get(move.program_id)
             if p is None:

@@ -120,7 +120,10 @@ def working_set_capacity(view: View) -> dict[str, TierCapacity]:
     back at link speed (~70 ms for 30k tokens of a 7B model at 25 GB/s), while a held request
     waits seconds. So the tier is sized by the expected busy set instead: a program is busy for
     the share ``1 − ι`` of its recent cycles (MORI's relative idleness), and ``s`` is the
-    token-weighted busy share of the programs in the tier. That is the regime signal: agents
+    token-weighted busy share of the programs in the GPU tiers of all workers (one share for
+    the deployment: the regime is the workload's, and a worker that happens to be empty must
+    not look smaller than one full of idle programs, or placement would pile onto the
+    latter). That is the regime signal: agents
     that mostly think (SWE-agent, s ≈ 0.96) get about the GPU, agents that mostly wait on
     tools (s ≈ 0.3) up to the cap. The tier fills to ``busy_margin / s`` × the GPU and demotes
     above ``1 / s`` × the GPU (the expected busy set exactly fills the GPU). The cap is what the
@@ -137,16 +140,15 @@ def working_set_capacity(view: View) -> dict[str, TierCapacity]:
     on SWE-agent, where ~4% overcommit thrashes; headroom 0 loses 2–3% on synthetic ×1.
     """
     reserve, cfg = view.cfg.reserve_tokens, view.cfg
-    tokens: dict[str, float] = defaultdict(float)
-    busy: dict[str, float] = defaultdict(float)
+    tokens = busy = 0.0
     for p in view.programs.values():
-        if p.tier is Tier.GPU and p.home_worker is not None:
+        if p.tier is Tier.GPU and p.home_worker in view.workers:
             weight = p.weight(reserve)
-            tokens[p.home_worker] += weight
-            busy[p.home_worker] += weight * (1 - view.signals[p.program_id].idleness)
+            tokens += weight
+            busy += weight * (1 - view.signals[p.program_id].idleness)
+    share = max(busy / tokens if tokens else 1.0, 1e-3)
     out = {}
     for worker_id, w in view.workers.items():
-        share = max(busy[worker_id] / tokens[worker_id] if tokens[worker_id] else 1.0, 1e-3)
         cap = max(1.0, w.cpu_tokens / w.gpu_tokens if w.gpu_tokens else 0.0) + cfg.overcommit_headroom
 
         def level(margin: float, w: WorkerState = w, share: float = share, cap: float = cap) -> int:

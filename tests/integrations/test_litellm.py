@@ -82,7 +82,9 @@ def proxy(tmp_path_factory) -> Iterator[Proxy]:
     tmp = tmp_path_factory.mktemp("litellm")
     with ExitStack() as stack:
         db_url = f"sqlite:///{tmp / 'gateway.db'}"
-        cluster = stack.enter_context(local_cluster(gpu_tokens=GPU_TOKENS, script_tools=False, db_url=db_url, time_scale=50.0))
+        # No overcommit: the held-program test needs both workers' GPUs full with two programs.
+        cluster = stack.enter_context(local_cluster(gpu_tokens=GPU_TOKENS, script_tools=False, db_url=db_url, time_scale=50.0,
+                                                    overcommit_headroom=0.0))
         sims = cluster.worker_urls
         config = tmp / "config.yaml"
         config.write_text(EXAMPLE.read_text().replace("http://127.0.0.1:30001", sims[0]).replace("http://127.0.0.1:30002", sims[1]))

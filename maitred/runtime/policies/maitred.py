@@ -41,8 +41,9 @@ class Maitred:
             for a in placement.assignments:
                 left[a.worker] -= view.programs[a.program_id].weight(view.cfg.reserve_tokens)
             warmups = admit(view, propose(view, placement.assignments), left)
-        return finish(self.name, view, moves=tiers.moves, assignments=placement.assignments, warmups=warmups,
-                      dp_fallback=placement.fallback if candidates else None)
+        decision = finish(self.name, view, moves=tiers.moves, assignments=placement.assignments, warmups=warmups,
+                          dp_fallback=placement.fallback if candidates else None)
+        return replace(decision, tier_tokens={wid: w.gpu_tokens for wid, w in planned.workers.items()})
 
     def admit_at_arrival(self, view: View, program_id: str) -> Decision | None:
         """A new program's first request is placed at once when it fits a GPU tier and jumps

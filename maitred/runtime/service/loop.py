@@ -61,6 +61,8 @@ class RuntimeConfig:
     priority_epoch_s: float = 10.0   # see Runtime.priority_for
     warmups: bool = True
     program_ttl_s: float = 3600.0    # programs silent this long are forgotten (no program.end came)
+    busy_margin: float = SignalConfig().busy_margin              # maitred's GPU-tier sizing (tiering.py)
+    overcommit_headroom: float = SignalConfig().overcommit_headroom
 
     def __post_init__(self) -> None:
         for name in ("tick_s", "hold_timeout_s", "poll_s", "priority_epoch_s", "program_ttl_s"):
@@ -99,7 +101,8 @@ class Runtime:
     clock: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
-        self.state = RuntimeState([], SignalConfig(period_s=self.cfg.tick_s))
+        self.state = RuntimeState([], SignalConfig(period_s=self.cfg.tick_s, busy_margin=self.cfg.busy_margin,
+                                                   overcommit_headroom=self.cfg.overcommit_headroom))
         for url in self.backends:
             self.state.add_worker(WorkerState(url, gpu_tokens=0, healthy=False))
         self.scheduler = Scheduler(self.state, self.cfg.policy)

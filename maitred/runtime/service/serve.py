@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from maitred.flags import port, positive, seconds
+from maitred.flags import bounded, port, positive, seconds
+from maitred.runtime.model import SignalConfig
 from maitred.runtime.service.bind import check_bindable
 
 if TYPE_CHECKING:
@@ -89,6 +90,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tick", type=seconds, default=1.0, help="scheduler period in seconds (default: 1)")
     parser.add_argument("--hold-timeout", type=seconds, default=5.0,
                         help="longest a request is held before it is let through anyway (default: 5 s)")
+    parser.add_argument("--busy-margin", type=bounded(0.0, 1.0, open_low=True), default=SignalConfig().busy_margin,
+                        help="maitred: share of GPU KV the expected busy set of admitted programs may fill "
+                             f"(default: {SignalConfig().busy_margin:g})")
+    parser.add_argument("--overcommit-headroom", type=bounded(0.0, 10.0), default=SignalConfig().overcommit_headroom,
+                        help="maitred: admitted KV beyond what GPU and host memory keep, in GPUs; it is recomputed "
+                             f"when evicted (default: {SignalConfig().overcommit_headroom:g}; 0 never overcommits)")
     parser.add_argument("--priority", action="store_true",
                         help="send SGLang request priorities (for --radix-eviction-policy priority; on with --launch-sglang)")
     parser.add_argument("--no-warmups", action="store_true", help="never send prefill-only warmups")
@@ -125,7 +132,8 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
     elif args.db:
         raise _Refused("--no-db: cannot be combined with --db")
     runtime = RuntimeConfig(policy=args.policy, tick_s=args.tick, hold_timeout_s=args.hold_timeout,
-                            priority=args.priority or bool(args.launch_sglang), warmups=not args.no_warmups)
+                            priority=args.priority or bool(args.launch_sglang), warmups=not args.no_warmups,
+                            busy_margin=args.busy_margin, overcommit_headroom=args.overcommit_headroom)
     proxy = ProxyConfig(max_body_bytes=args.max_body_mb, request_timeout_s=args.request_timeout)
     return ServeConfig(workers=list(workers), db_url=db, token=token, runtime=runtime, proxy=proxy,
                        max_events_bytes=args.max_events_mb, wait_for_workers_s=args.wait_for_workers)
