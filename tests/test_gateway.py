@@ -431,6 +431,39 @@ async def test_a_demoted_program_about_to_return_is_warmed_with_a_prefill_only_r
             assert (await client.get(f"/v1/programs/{pid}")).json()["last_cached_tokens"] >= 6_000
 
 
+async def test_a_handoff_consumer_is_warmed_with_the_prompt_the_handoff_announced(cluster):
+    """LOCAL's API: a handoff that carries ``expected_prompt`` gets that text prefilled on the
+    consumer's worker before the consumer asks, so its first request finds it cached. A handoff
+    without one warms nothing (the program's last prompt is the producer's, not the consumer's)."""
+    c = cluster(workers=1)
+    planner = "planner notes " * 300
+    coder = "you are the coder; the plan follows. " * 60 + planner
+
+    async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
+        async def ask(pid: str, prompt: str) -> dict[str, Any]:
+            r = await client.post("/v1/completions", json={"model": "sim", "prompt": prompt, "max_tokens": 4, "program_id": pid})
+            assert r.status_code == 200, r.text
+            return r.json()["usage"]
+
+        async def warmed() -> float:
+            return c.metric((await client.get("/metrics")).text, 'maitred_warmups_total{outcome="done"}')
+
+        for pid, announce in (("silent", False), ("h", True)):
+            await ask(pid, planner)
+            await client.post("/v1/events", json=[event("tool.start", pid, call_id="c1", tool="write_plan")])
+            handoff = event("handoff", pid, from_agent="planner", to_agent="coder", context_tokens=600)
+            if announce:
+                handoff["expected_prompt"] = coder
+            await client.post("/v1/events", json=[handoff])
+            await client.post("/v1/events", json=[event("tool.end", pid, call_id="c1")])
+            if not announce:
+                await asyncio.sleep(1.0)  # five steps of the 0.2 s tick: time enough to have warmed
+                assert await warmed() == 0
+        assert await until(warmed) >= 1
+        usage = await ask("h", coder)
+        assert usage["prompt_tokens_details"]["cached_tokens"] > 0.9 * usage["prompt_tokens"], usage
+
+
 async def test_tool_statistics_are_seeded_from_the_store_at_start(cluster, db_url):
     from maitred.events import ToolEnd, ToolStart
     with SessionStore(db_url) as store:

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from maitred.events import Event, LLMEnd, LLMStart, ProgramEnd, ToolEnd
+from maitred.events import Event, Handoff, LLMEnd, LLMStart, ProgramEnd, ToolEnd
 from maitred.runtime.decisions import Decision, Warmup
 from maitred.runtime.model import SignalConfig, Tier, WorkerState
 from maitred.runtime.scheduler import Scheduler, free_after
@@ -115,6 +115,7 @@ class Runtime:
         self._priorities: Mapping[str, int] = {}
         self.ratchet: dict[tuple[str, str], int] = {}   # (program, worker) -> highest priority sent
         self._prompts: dict[str, str | list[int]] = {}  # program -> its last text prompt (for warmups)
+        self._handoff_prompts: dict[str, str] = {}  # consumer program -> a handoff's expected_prompt
         self.last_usage: dict[str, tuple[int, int | None]] = {}  # program -> (prompt, cached) tokens of its last answer
         self._chars_per_token: dict[str, float] = {}  # program -> learned from its answers (admission estimates)
         self._warming: dict[str, asyncio.Task[None]] = {}
@@ -229,6 +230,7 @@ class Runtime:
         self.state.apply(event)
         if store and self.writer is not None:
             self.writer.submit([event])
+        self._handoff_prompts.pop(program_id, None)  # the consumer asked: its warmup is moot
         warming = self._warming.pop(program_id, None)
         if warming is not None:  # overtaken by the real request: the warmup is moot
             warming.cancel()
@@ -353,6 +355,7 @@ class Runtime:
 
     def _forget(self, program_id: str) -> None:
         self._prompts.pop(program_id, None)
+        self._handoff_prompts.pop(program_id, None)
         self.last_usage.pop(program_id, None)
         self._chars_per_token.pop(program_id, None)
         for key in [k for k in self.ratchet if k[0] == program_id]:
@@ -369,6 +372,8 @@ class Runtime:
         for e in events:
             if isinstance(e, ToolEnd):
                 self._observe_tool(e)
+            elif isinstance(e, Handoff) and e.expected_prompt is not None:
+                self._handoff_prompts[e.child_program_id or e.program_id] = e.expected_prompt
             self.state.apply(e)
             if isinstance(e, ProgramEnd):
                 self._forget(e.program_id)
@@ -456,7 +461,13 @@ class Runtime:
         return applied
 
     def _start_warmup(self, warmup: Warmup) -> None:
-        prompt = self._prompts.get(warmup.program_id)
+        """A handoff's consumer is warmed with the prompt the handoff said it will send
+        (``expected_prompt``, LOCAL's API); without one there is nothing right to send, since
+        the program's last prompt is the producer's. Other warmups replay the last prompt."""
+        if warmup.kind == "handoff":
+            prompt: str | list[int] | None = self._handoff_prompts.pop(warmup.program_id, None)
+        else:
+            prompt = self._prompts.get(warmup.program_id)
         if prompt is None or warmup.program_id in self._warming or warmup.worker not in self.backends:
             self.metrics.warmups.labels("skipped").inc()
             return
