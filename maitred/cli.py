@@ -324,7 +324,7 @@ def cmd_bench_replay(args: argparse.Namespace) -> int:
     out = Path(args.out)
     _writable_folder("--out", out)
     matrix = Matrix(args.trace, args.policy, args.concurrency, args.cpu_ratio, args.duration, args.seed,
-                    args.workers, args.gpu_tokens)
+                    args.workers, args.gpu_tokens, use_signature=args.history == "signature")
     total = len(matrix.configs())
     console.print(f"{trace.name}: {len(trace.programs)} programs; {total} runs of {args.duration:.0f} simulated s "
                   f"on {args.jobs or 'all'} processes; engine: {profile.name}")
@@ -413,7 +413,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=whole(1, MAX_WORKERS), default=1, help="simulated GPU workers (data-parallel ranks)")
     p.add_argument("--gpu-tokens", type=whole(1, UNLIMITED_TOKENS), help="GPU KV capacity per worker (default: the profile's)")
-    p.add_argument("--profile", help="engine profile JSON (maitred calibrate writes one)")
+    p.add_argument("--profile", help="engine profile: a built-in name (h100-7b, h200-7b, b200x2-70b) or a JSON file "
+                                     "(maitred calibrate writes one)")
+    p.add_argument("--history", choices=("signature", "tool"), default="signature",
+                   help="tool-duration history for readiness: per signature (Bash:pytest) or per tool (default: signature)")
     p.add_argument("--jobs", type=whole(1), help="processes (default: all cores)")
     p.add_argument("--out", required=True, help="folder for results.json, report.md and the PNG plots")
 

@@ -279,6 +279,23 @@ def test_bench_cli_writes_results_report_and_plots(tmp_path):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
 
+def test_bench_cli_history_flag_reaches_the_runs(tmp_path):
+    """``--history tool`` replays with per-tool readiness history (SPEC 7.2's comparison): the
+    report says so, and the runs' prediction error differs from per-signature history on a
+    trace whose tools have signatures of very different durations."""
+    from maitred.cli import main
+
+    errors = {}
+    for history in ("signature", "tool"):
+        out = tmp_path / history
+        assert main(["bench", "replay", "--trace", "synthetic:claude-code?programs=20&max_steps=30", "--policy", "maitred",
+                     "--concurrency", "8", "--cpu-ratio", "1", "--duration", "600", "--history", history,
+                     "--jobs", "1", "--out", str(out)]) == 0
+        errors[history] = json.loads((out / "results.json").read_text())["runs"][-1]["prediction_mae_s"]
+        assert ("per-tool history" in (out / "report.md").read_text()) == (history == "tool")
+    assert errors["signature"] is not None and errors["tool"] is not None and errors["signature"] != errors["tool"]
+
+
 def test_bench_cli_rejects_bad_flags(capsys):
     from maitred.cli import main
 

@@ -32,14 +32,15 @@ class Matrix:
     seed: int = 0
     workers: int = 1
     gpu_tokens: int | None = None
+    use_signature: bool = True   # readiness history per tool signature, else per tool (SPEC 7.2)
 
     def configs(self) -> list[tuple[RunConfig, bool]]:
-        runs = [(RunConfig("round_robin", c, 1.0, self.duration_s, self.seed, self.workers, self.gpu_tokens), True)
-                for c in self.concurrencies]
-        runs += [
-            (RunConfig(p, c, r, self.duration_s, self.seed, self.workers, self.gpu_tokens), False)
-            for p in self.policies for c in self.concurrencies for r in self.cpu_ratios
-        ]
+        def config(p: str, c: int, r: float) -> RunConfig:
+            return RunConfig(p, c, r, self.duration_s, self.seed, self.workers, self.gpu_tokens,
+                             use_signature=self.use_signature)
+
+        runs = [(config("round_robin", c, 1.0), True) for c in self.concurrencies]
+        runs += [(config(p, c, r), False) for p in self.policies for c in self.concurrencies for r in self.cpu_ratios]
         return runs
 
 
@@ -113,7 +114,8 @@ def report_markdown(matrix: Matrix, records: Sequence[dict], command: str) -> st
     ratios, concs = matrix.cpu_ratios, matrix.concurrencies
     policies = list(matrix.policies)
     lines = [f"# Replay: {matrix.trace}", "", f"Command: `{command}`", "",
-             f"{matrix.duration_s:.0f} simulated seconds per run, seed {matrix.seed}, {matrix.workers} worker(s).", ""]
+             f"{matrix.duration_s:.0f} simulated seconds per run, seed {matrix.seed}, {matrix.workers} worker(s)"
+             + ("." if matrix.use_signature else "; readiness from per-tool history (--history tool)."), ""]
     tables = [("Throughput (output tokens/s)", "throughput_tok_s", "{:.0f}"),
               ("Mean TTFT (s)", "ttft_mean_s", "{:.2f}"), ("p95 TTFT (s)", "ttft_p95_s", "{:.2f}"),
               ("Prefix hit rate", "prefix_hit_rate", "{:.3f}")]
