@@ -120,12 +120,11 @@ def working_set_capacity(view: View) -> dict[str, TierCapacity]:
     back at link speed (~70 ms for 30k tokens of a 7B model at 25 GB/s), while a held request
     waits seconds. So the tier is sized by the expected busy set instead: a program is busy for
     the share ``1 − ι`` of its recent cycles (MORI's relative idleness), and ``s`` is the
-    token-weighted busy share of the programs in the GPU tiers of all workers (one share for
-    the deployment: the regime is the workload's, and a worker that happens to be empty must
-    not look smaller than one full of idle programs, or placement would pile onto the
-    latter). That is the regime signal: agents
-    that mostly think (SWE-agent, s ≈ 0.96) get about the GPU, agents that mostly wait on
-    tools (s ≈ 0.3) up to the cap. The tier fills to ``busy_margin / s`` × the GPU and demotes
+    token-weighted busy share of the programs in the GPU tiers of all workers. That is the
+    regime signal: agents that mostly think (SWE-agent, s ≈ 0.96) get about the GPU, agents
+    that mostly wait on tools (s ≈ 0.3) up to the cap. One share serves the whole deployment:
+    the regime is the workload's, and an empty worker must not look smaller than one full of
+    idle programs, or placement would pile onto the latter. The tier fills to ``busy_margin / s`` × the GPU and demotes
     above ``1 / s`` × the GPU (the expected busy set exactly fills the GPU). The cap is what the
     two tiers can keep without recomputing — ``max(1, host / GPU)`` (write-through mirrors the
     GPU on the host, so host memory below the GPU's adds no room) — plus
@@ -150,28 +149,26 @@ def working_set_capacity(view: View) -> dict[str, TierCapacity]:
     out = {}
     for worker_id, w in view.workers.items():
         cap = max(1.0, w.cpu_tokens / w.gpu_tokens if w.gpu_tokens else 0.0) + cfg.overcommit_headroom
-
-        def level(margin: float, w: WorkerState = w, share: float = share, cap: float = cap) -> int:
-            return int(w.gpu_tokens * min(max(margin / share, 1.0), cap))
-
-        out[worker_id] = TierCapacity(fill=level(cfg.busy_margin), ceiling=level(1.0))
+        fill, ceiling = (int(w.gpu_tokens * min(max(margin / share, 1.0), cap)) for margin in (cfg.busy_margin, 1.0))
+        out[worker_id] = TierCapacity(fill, ceiling)
     return out
 
 
-def plan_tiers(view: View, *, promote_waiting: bool, per_token: bool = False, displace: bool = False,
+def plan_tiers(view: View, *, promote_waiting: bool, packing: bool = False, displace: bool = False,
                ceilings: Mapping[str, int] | None = None) -> TierPlan:
     """``promote_waiting``: also bring dropped programs back at home (MORI alone); maitred
     leaves them to TAO placement, which may find them a better worker.
 
-    ``per_token``: when the GPU tier is over capacity, demote in order of idleness *per token*
-    (ι / weight) instead of idleness alone. Restoring a program costs in proportion to its
+    ``packing`` (maitred's orders; ``mori`` stays as published): when the GPU tier is over
+    capacity, demote in order of idleness *per token* (ι / weight) instead of idleness alone. Restoring a program costs in proportion to its
     size (a host load or a recompute that holds up the batch), so between two similarly idle
     programs the cheaper one to bring back should go first — ThunderAgent's smallest-first
     instinct, kept inside MORI's idleness order. Programs that want the GPU back come up
     smallest first (ThunderAgent's resume order) instead of least idle first: the room left
     takes the most waiting programs, and small contexts decode faster. Measured on the replay
     (1,200 s, synthetic C = 50 ×1): least idle first 0.95× ThunderAgent+offload, smallest first
-    1.02×. maitred uses it; ``mori`` stays as published.
+    1.02×. A program that has just handed off is demoted last: its consumer asks as soon as the
+    producer's tools end.
 
     ``displace``: a program that wants the GPU now squeezes out more idle ones (``make_room``).
 
@@ -182,11 +179,11 @@ def plan_tiers(view: View, *, promote_waiting: bool, per_token: bool = False, di
     plan = TierPlan(view)
     for worker_id in list(plan.by_worker):
         ceiling = ceilings.get(worker_id) if ceilings else None
-        _plan_worker(plan, worker_id, promote_waiting, per_token, displace, ceiling)
+        _plan_worker(plan, worker_id, promote_waiting, packing, displace, ceiling)
     return plan
 
 
-def _plan_worker(plan: TierPlan, worker_id: str, promote_waiting: bool, per_token: bool, displace: bool,
+def _plan_worker(plan: TierPlan, worker_id: str, promote_waiting: bool, packing: bool, displace: bool,
                  ceiling: int | None) -> None:
     worker = plan.view.workers[worker_id]
     programs = plan.by_worker[worker_id]
@@ -197,10 +194,8 @@ def _plan_worker(plan: TierPlan, worker_id: str, promote_waiting: bool, per_toke
             plan.demote(p, worker)
 
     over = plan.used(worker_id, Tier.GPU, lazy=False) - (worker.gpu_tokens if ceiling is None else ceiling)
-    rank = (lambda p: -iota(p) / weight(p)) if per_token else (lambda p: -iota(p))
-    # maitred: a program that just handed off is about to ask again (its consumer asks when the
-    # producer's tools end), so it goes last, whatever its history says about idleness.
-    handing = {h.program_id for h in plan.view.handoffs} if per_token else set()
+    rank = (lambda p: -iota(p) / weight(p)) if packing else (lambda p: -iota(p))
+    handing = {h.program_id for h in plan.view.handoffs} if packing else set()
     gpu = sorted((p for p in programs if tiers[p.program_id] is Tier.GPU), key=lambda p: (p.program_id in handing, rank(p)))
     for p in gpu:
         if over <= 0:
@@ -222,7 +217,7 @@ def _plan_worker(plan: TierPlan, worker_id: str, promote_waiting: bool, per_toke
     sources = (Tier.CPU, Tier.WAITING) if promote_waiting else (Tier.CPU,)
     signals = plan.view.signals
     urgent = sorted((p for p in programs if tiers[p.program_id] in sources
-                     and (p.phase is Phase.REASONING or p.returned)), key=weight if per_token else iota)
+                     and (p.phase is Phase.REASONING or p.returned)), key=weight if packing else iota)
     first = {p.program_id for p in urgent}
     ahead = sorted((p for p in programs if tiers[p.program_id] in sources and p.program_id not in first
                     and signals[p.program_id].readiness.r == 1), key=iota)

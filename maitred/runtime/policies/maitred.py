@@ -31,7 +31,7 @@ class Maitred:
 
     def step(self, view: View) -> Decision:
         planned, ceilings = _sized(view)
-        tiers = plan_tiers(planned, promote_waiting=False, per_token=True, ceilings=ceilings)
+        tiers = plan_tiers(planned, promote_waiting=False, packing=True, ceilings=ceilings)
         free = tiers.gpu_free()
         candidates, reason = candidates_for_placement(planned, tiers.tiers, free)
         placement = place(planned, candidates, free, reason=reason)
@@ -58,7 +58,7 @@ class Maitred:
                for q in view.programs.values()):
             return None
         planned, ceilings = _sized(view)
-        free = plan_tiers(planned, promote_waiting=False, per_token=True, ceilings=ceilings).gpu_free()
+        free = plan_tiers(planned, promote_waiting=False, packing=True, ceilings=ceilings).gpu_free()
         placement = place(planned, [p], free, reason={program_id: "new"})
         if not placement.assignments:
             return None
