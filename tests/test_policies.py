@@ -164,6 +164,44 @@ def test_maitred_admits_beyond_the_gpu_when_its_programs_mostly_wait_where_mori_
     assert "new" in mori.admitted and [(m.program_id, m.dst) for m in mori.tier_moves] == [("i0", Tier.CPU)]
 
 
+@settings(max_examples=200, deadline=None)
+@given(tiered_states())
+def test_without_overcommit_maitred_keeps_its_gpu_tier_within_the_gpu(case):
+    """Host memory the size of the GPU and no headroom: maitred's tier may not exceed the GPU."""
+    workers, programs = case
+    workers = [(w, gpu, gpu) for w, gpu, _ in workers]
+    st_ = state(workers, programs, TIGHT)
+    caps = working_set_capacity(st_.view(NOW))
+    assert all(c.fill == gpu and c.ceiling == gpu for (w, gpu, _), c in zip(workers, caps.values()))
+    decision = Scheduler(st_, "maitred").tick(NOW)
+    for worker, gpu, _ in workers:
+        assert used(st_, worker, Tier.GPU, decision) <= gpu
+
+
+def test_maitred_places_a_new_program_at_arrival_only_into_room_free_now():
+    """w0: 10,000 GPU and 10,000 host tokens. a (8,000, idle) and b (7,000, busy) already hold
+    15,000, more than the tier's 14,000 cap: a newcomer of 5,000 would need a demotion first, so
+    it waits for the step (placing it at arrival would leave the tier at 20,000). With b gone,
+    a alone (busy share 0.1) leaves 6,000 free in the 14,000 tier: the newcomer is placed at
+    once — but not while another program waits for the GPU outside its tier."""
+    def case(*, with_b=True, waiting=False):
+        a = program("a", tokens=7_488, home="w0", tier=Tier.GPU, cycles=[(1, 9)] * 4)
+        b = program("b", tokens=6_488, home="w0", tier=Tier.GPU, cycles=[(9, 1)] * 4)
+        held = program("held", tokens=488, phase=Phase.REASONING, home="w0", tier=Tier.CPU)
+        new = program("new", tokens=4_488, phase=Phase.REASONING)
+        ps = [a, new] + ([b] if with_b else []) + ([held] if waiting else [])
+        for p in ps:
+            p.phase_since = NOW
+        return state([("w0", 10_000, 10_000)], ps).view(NOW)
+
+    policy = make_policy("maitred")
+    assert policy.admit_at_arrival(case(), "new") is None
+    placed = policy.admit_at_arrival(case(with_b=False), "new")
+    assert placed is not None and [(a.program_id, a.worker) for a in placed.assignments] == [("new", "w0")]
+    assert placed.admitted == {"new"} and not placed.tier_moves
+    assert policy.admit_at_arrival(case(with_b=False, waiting=True), "new") is None
+
+
 def test_the_live_state_admits_at_once_within_the_tier_maitred_planned_beyond_the_gpu():
     """After a maitred step sized w0's tier beyond its 10,000-token GPU (two idle programs of
     4,488 +512: busy share 0.1), a host-tier program of 1,488 (+512) whose tool just returned is
@@ -182,6 +220,29 @@ def test_the_live_state_admits_at_once_within_the_tier_maitred_planned_beyond_th
     decision = Scheduler(st_, "maitred").tick(NOW)
     assert decision.tier_tokens == {"w0": 24_000} and st_.tier_tokens == {"w0": 24_000}
     assert st_.admit_now("back") == "w0" and st_.programs["back"].tier is Tier.GPU
+
+
+def test_the_plan_recheck_holds_maitreds_assignments_to_the_tier_it_planned():
+    """The gateway plans on a snapshot and re-checks before applying. w0: 10,000 GPU and 20,000
+    host tokens; two idle programs of 4,488 (+512) size the tier at 24,000; a newcomer of 9,488
+    (+512) is placed beyond the GPU. Applied as planned, it stands; if meanwhile i0 grew by 8,000
+    tokens (28,000 in a 24,000 tier), the re-check voids it and the newcomer is held."""
+    def plan(grow: int):
+        idle = [program(f"i{k}", tokens=4_488, home="w0", tier=Tier.GPU, cycles=[(1, 9)] * 4) for k in range(2)]
+        new = program("new", tokens=9_488, phase=Phase.REASONING)
+        for p in (*idle, new):
+            p.phase_since = NOW
+        st_ = state([("w0", 10_000, 20_000)], [*idle, new])
+        sched = Scheduler(st_, "maitred")
+        planned = st_.snapshot().view(NOW)
+        decision = sched.plan(planned)
+        assert [a.program_id for a in decision.assignments] == ["new"] and decision.tier_tokens == {"w0": 24_000}
+        st_.programs["i0"].context_tokens += grow
+        return sched.apply(decision, planned)
+
+    assert [a.program_id for a in plan(0).assignments] == ["new"]
+    voided = plan(8_000)
+    assert not voided.assignments and "new" in voided.held
 
 
 def test_maitred_brings_back_the_smallest_waiting_program_first_where_mori_takes_the_least_idle():

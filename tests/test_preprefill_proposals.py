@@ -5,6 +5,7 @@ has just handed off (its consumer asks as soon as the producer's tools end)."""
 from maitred.events import Handoff
 from maitred.runtime import Phase, Scheduler, SignalConfig, Tier
 from maitred.runtime.preprefill import propose
+from maitred.runtime.state import HANDOFF_TTL_S
 from maitred.sim.profile import EngineProfile
 from maitred.sim.replay import RunConfig, run_one
 from maitred.sim.traces import ProgramTrace, Step, ToolCall, Trace
@@ -56,3 +57,18 @@ def test_a_handoff_before_a_short_tool_is_still_warmed():
     on, off = (run_one(trace, RunConfig(p, 2, duration_s=600), EngineProfile()) for p in ("maitred", "maitred_no_preprefill"))
     assert on.handoff_ttft_mean_s is not None and off.handoff_ttft_mean_s is not None
     assert on.handoff_ttft_mean_s <= 0.6 * off.handoff_ttft_mean_s, (on.handoff_ttft_mean_s, off.handoff_ttft_mean_s)
+
+
+def test_a_request_that_names_no_agent_is_the_consumers_and_stale_handoffs_expire():
+    """The gateway's requests carry no agent name: after a handoff, the program's next request is
+    its consumer's and the handoff is done. A handoff whose consumer never asks leaves every view
+    after HANDOFF_TTL_S, so it neither shields its program from demotion nor asks for warmups."""
+    st_ = state([("w0", 100_000, 0)], [])
+    st_.request_arrived("p", NOW - 10, agent="planner", prompt_tokens=8_000)
+    st_.apply(Handoff(ts=NOW - 5, program_id="p", agent="planner", from_agent="planner", to_agent="coder", context_tokens=3_000))
+    assert [h.program_id for h in st_.view(NOW).handoffs] == ["p"]
+    st_.request_arrived("p", NOW - 4, prompt_tokens=9_000)
+    assert st_.view(NOW).handoffs == ()
+    st_.apply(Handoff(ts=NOW - HANDOFF_TTL_S - 1, program_id="q", agent="planner", from_agent="planner", to_agent="coder",
+                      context_tokens=1_000))
+    assert st_.handoffs and st_.view(NOW).handoffs == () and st_.snapshot().view(NOW).handoffs == ()

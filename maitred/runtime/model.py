@@ -5,6 +5,7 @@ applied decisions). Policies receive them read-only through a ``View`` and answe
 ``Decision``; the tests check that a policy step leaves the state untouched.
 """
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -131,5 +132,5 @@ class SignalConfig:
             raise ValueError("confidence must be in [0.5, 1)")
         if not 0 < self.busy_margin <= 1:
             raise ValueError("busy_margin must be in (0, 1]")
-        if self.overcommit_headroom < 0:
-            raise ValueError("overcommit_headroom must be >= 0")
+        if not (math.isfinite(self.overcommit_headroom) and self.overcommit_headroom >= 0):
+            raise ValueError("overcommit_headroom must be a finite number >= 0")

@@ -11,6 +11,8 @@ and the engine runs foreground prefill first (measured at synthetic C=80 ×1 wit
 otherwise 5 of 250 handoff proposals were admitted).
 """
 
+from collections.abc import Mapping
+
 from maitred.runtime.decisions import Assignment, Warmup
 from maitred.runtime.model import Phase, Tier
 from maitred.runtime.signals import cache_credit, preprefill_priority
@@ -52,7 +54,10 @@ def propose(view: View, assignments: tuple[Assignment, ...]) -> list[Warmup]:
     return proposals
 
 
-def admit(view: View, proposals: list[Warmup], gpu_free: dict[str, int]) -> tuple[Warmup, ...]:
+def admit(view: View, proposals: list[Warmup], gpu_free: dict[str, int],
+          tiers: Mapping[str, Tier] | None = None) -> tuple[Warmup, ...]:
+    """``tiers``: every program's tier once the step's own moves and placements are made (a
+    program the step demotes holds no room for its consumer); default: the view's."""
     cfg = view.cfg
     free = dict(gpu_free)
     in_flight = {w.worker_id: w.warmups_in_flight for w in view.workers.values()}
@@ -68,7 +73,7 @@ def admit(view: View, proposals: list[Warmup], gpu_free: dict[str, int]) -> tupl
             continue
         # A warmup that needs no new room takes nothing a queued request waits for (the engine
         # runs foreground prefill first); one that does waits for an empty queue and free KV.
-        need = room_needed(view, warmup)
+        need = room_needed(view, warmup, tiers)
         if need > 0 and (worker.queued_requests > 0 or free.get(warmup.worker, 0) - need < cfg.warmup_reserve_tokens):
             continue
         admitted.append(warmup)
@@ -78,12 +83,14 @@ def admit(view: View, proposals: list[Warmup], gpu_free: dict[str, int]) -> tupl
     return tuple(admitted)
 
 
-def room_needed(view: View, warmup: Warmup) -> int:
+def room_needed(view: View, warmup: Warmup, tiers: Mapping[str, Tier] | None = None) -> int:
     """GPU tokens a warmup takes beyond what the plan already gives its program there. A
     handoff's consumer in the GPU tier of that worker holds room for the producer's context,
     which the consumer's prompt replaces (it sits under another agent's prefix, so the engine
     drops it): only the part of the new prompt beyond that room is new."""
     p = view.programs.get(warmup.program_id)
-    if warmup.kind == "handoff" and p is not None and p.tier is Tier.GPU and p.home_worker == warmup.worker:
-        return max(warmup.tokens - p.weight(view.cfg.reserve_tokens), 0)
-    return warmup.tokens
+    if warmup.kind != "handoff" or p is None or p.home_worker != warmup.worker:
+        return warmup.tokens
+    if (tiers.get(p.program_id, p.tier) if tiers is not None else p.tier) is not Tier.GPU:
+        return warmup.tokens
+    return max(warmup.tokens - p.weight(view.cfg.reserve_tokens), 0)

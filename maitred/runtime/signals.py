@@ -14,7 +14,8 @@ from maitred.runtime.model import OpenTool, Phase, ProgramState, SignalConfig
 def idleness(p: ProgramState, now: float, cycles: int) -> float:
     """Share of the last ``cycles`` reason/act cycles (the open one included) spent acting.
 
-    Only ever ranked, never compared with a threshold. No history yet: 0 (treated as busy).
+    Ranked, never compared with a threshold; maitred also sums ``1 − ι`` over programs as the
+    expected busy share (``tiering.working_set_capacity``). No history yet: 0 (treated as busy).
     """
     reason, act = p.open_reason_s, p.open_act_s
     open_for = max(now - p.phase_since, 0.0)

@@ -107,9 +107,15 @@ class Snapshot:
         return View(
             now=now, programs=self.programs, workers=self.workers,
             signals=compute_signals(self.programs, self.history, now, self.cfg, self.use_signature),
-            adapter_versions=self.adapter_versions, handoffs=self.handoffs,
+            adapter_versions=self.adapter_versions, handoffs=pending_at(self.handoffs, now),
             agent_prefix_tokens=self.agent_prefix_tokens, cfg=self.cfg,
         )
+
+
+def pending_at(handoffs: Iterable[PendingHandoff], now: float) -> tuple[PendingHandoff, ...]:
+    """The handoffs still pending at ``now``: one whose consumer has not asked within
+    ``HANDOFF_TTL_S`` is stale (its consumer never started, or asked without saying its agent)."""
+    return tuple(h for h in handoffs if now - h.ts <= HANDOFF_TTL_S)
 
 
 def _copy_program(p: ProgramState) -> ProgramState:
@@ -185,6 +191,7 @@ class RuntimeState:
         placement elsewhere (the gateway retries their requests; clients see no error)."""
         worker = self.workers[worker_id]
         worker.healthy = healthy
+        self.tier_tokens.pop(worker_id, None)  # sized for what the worker was; the next step re-sizes it
         if healthy:
             return
         for p in self.programs.values():
@@ -272,7 +279,10 @@ class RuntimeState:
             self._learn_prefix(p, e.prompt_tokens)
         if e.model:
             p.model = e.model
-        self.handoffs = [h for h in self.handoffs if not (h.program_id == p.program_id and h.to_agent == p.agent)]
+        # The consumer asked. A request that does not say its agent (the gateway's) is taken to
+        # be the consumer's: after a handoff, the program's next request is.
+        self.handoffs = [h for h in self.handoffs
+                         if not (h.program_id == p.program_id and (e.agent is None or h.to_agent == p.agent))]
 
     def _learn_handoff_prefix(self, p: ProgramState, prompt_tokens: int) -> None:
         """An agent first seen as a handoff's consumer (a coder that only ever starts from a
@@ -475,7 +485,7 @@ class RuntimeState:
         simulator), where nothing can change in between."""
         return View(
             now=now, programs=self.programs, workers=self.workers, signals=self.signals(now),
-            adapter_versions=self.adapter_versions, handoffs=tuple(self.handoffs),
+            adapter_versions=self.adapter_versions, handoffs=pending_at(self.handoffs, now),
             agent_prefix_tokens=self.agent_prefix_tokens, cfg=self.cfg,
         )
 

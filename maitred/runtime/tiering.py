@@ -194,7 +194,7 @@ def _plan_worker(plan: TierPlan, worker_id: str, promote_waiting: bool, packing:
             plan.demote(p, worker)
 
     over = plan.used(worker_id, Tier.GPU, lazy=False) - (worker.gpu_tokens if ceiling is None else ceiling)
-    rank = (lambda p: -iota(p) / weight(p)) if packing else (lambda p: -iota(p))
+    rank = (lambda p: -iota(p) / max(weight(p), 1)) if packing else (lambda p: -iota(p))
     handing = {h.program_id for h in plan.view.handoffs} if packing else set()
     gpu = sorted((p for p in programs if tiers[p.program_id] is Tier.GPU), key=lambda p: (p.program_id in handing, rank(p)))
     for p in gpu:

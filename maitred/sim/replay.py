@@ -66,6 +66,7 @@ class SimPolicy:
     period_s: float = 1.0        # scheduling period
     hold_s: float = 1800.0       # a held request is forced in after this long
     urgent_s: float | None = None  # a step this soon after a held request arrives (None: none)
+    handoff_step: bool = False     # also a step ``urgent_s`` after a handoff (maitred's gateway steps on every event)
     arrival_admission: bool = False  # the policy's ``admit_at_arrival`` runs when a request arrives
     preprefill: bool = True      # maitred's warmups (off: the same policy without pre-prefill, to measure them)
 
@@ -78,7 +79,7 @@ TA_PERIOD_S, TA_HOLD_S = 5.0, 1800.0
 MAITRED_PERIOD_S, MAITRED_HOLD_S, MAITRED_URGENT_S = 1.0, 1800.0, 0.05
 CLAIRVOYANT_PERIOD_S = 1.0
 MAITRED_SIM = SimPolicy("maitred", offload=True, typed=True, tiering=True, period_s=MAITRED_PERIOD_S,
-                        hold_s=MAITRED_HOLD_S, urgent_s=MAITRED_URGENT_S, arrival_admission=True)
+                        hold_s=MAITRED_HOLD_S, urgent_s=MAITRED_URGENT_S, arrival_admission=True, handoff_step=True)
 
 SIM_POLICIES: dict[str, SimPolicy] = {
     "round_robin": SimPolicy("round_robin", urgent_s=0.0),
@@ -346,7 +347,8 @@ class Replay:
                                      to_agent=nxt.agent,
                                      context_tokens=max(context - self.trace.prefix_tokens.get(nxt.agent, 0), 0)))
             self.consumers[run.pid] = None
-            self._urgent_step(t)
+            if self.sim.handoff_step:
+                self._urgent_step(t)
         if self.clairvoyant is not None:
             step = steps[run.step]
             if run.step + 1 < len(steps):

@@ -9,7 +9,7 @@
 2. Placement (TAO) of the waiting pool — new, dropped, and returning programs that no longer
    fit at home — by the exact DP over (cache credit, readiness, tokens), BFD past its budget.
 3. Pre-prefill (LOCAL + TAO): warm the consumers of handoffs and the programs about to return
-   whose KV is not on their worker's GPU, on workers with no foreground queue.
+   whose KV is not on their worker's GPU (``preprefill.admit`` says where and when).
 """
 
 from dataclasses import replace
@@ -17,10 +17,10 @@ from dataclasses import replace
 from maitred.runtime.decisions import Decision, Warmup
 from maitred.runtime.model import Phase, Tier
 from maitred.runtime.placement import candidates_for_placement, place
-from maitred.runtime.policies.base import finish
+from maitred.runtime.policies.base import final_tiers, finish
 from maitred.runtime.preprefill import admit, propose
 from maitred.runtime.state import View
-from maitred.runtime.tiering import plan_tiers, working_set_capacity
+from maitred.runtime.tiering import TierPlan, plan_tiers, working_set_capacity
 
 
 class Maitred:
@@ -40,26 +40,27 @@ class Maitred:
             left = dict(free)
             for a in placement.assignments:
                 left[a.worker] -= view.programs[a.program_id].weight(view.cfg.reserve_tokens)
-            warmups = admit(view, propose(view, placement.assignments), left)
+            planned_tiers = final_tiers(view, tiers.moves, placement.assignments)
+            warmups = admit(view, propose(view, placement.assignments), left, planned_tiers)
         decision = finish(self.name, view, moves=tiers.moves, assignments=placement.assignments, warmups=warmups,
                           dp_fallback=placement.fallback if candidates else None)
-        return replace(decision, tier_tokens={wid: w.gpu_tokens for wid, w in planned.workers.items()})
+        return replace(decision, tier_tokens={w.worker_id: w.gpu_tokens for w in planned.healthy_workers()})
 
     def admit_at_arrival(self, view: View, program_id: str) -> Decision | None:
-        """A new program's first request is placed at once when it fits a GPU tier and jumps
-        no queue (no program that wants the GPU is outside one); otherwise the next step
-        places it with the waiting pool. Waiting for a step costs its first request the
-        period (a 50 ms step at least): 0.07 against ThunderAgent's 0.06 s mean TTFT at
-        synthetic C = 20, where ThunderAgent admits at arrival."""
+        """A new program's first request is placed at once when it fits what its GPU tier has
+        free now (no demotion is made for it) and jumps no queue (no program that wants the
+        GPU is outside one); otherwise the next step places it with the waiting pool. Waiting
+        for a step costs its first request the period (a 50 ms step at least): 0.07 against
+        ThunderAgent's 0.06 s mean TTFT at synthetic C = 20, where ThunderAgent admits at
+        arrival. The gateway gets the same by asking for a step at once for a held request."""
         p = view.programs[program_id]
         if p.home_worker is not None:
             return None
         if any(q.program_id != program_id and q.phase is Phase.REASONING and q.tier is not Tier.GPU
                for q in view.programs.values()):
             return None
-        planned, ceilings = _sized(view)
-        free = plan_tiers(planned, promote_waiting=False, packing=True, ceilings=ceilings).gpu_free()
-        placement = place(planned, [p], free, reason={program_id: "new"})
+        planned, _ = _sized(view)
+        placement = place(planned, [p], TierPlan(planned).gpu_free(), reason={program_id: "new"})
         if not placement.assignments:
             return None
         return Decision(self.name, assignments=placement.assignments, admitted=frozenset({program_id}))

@@ -34,7 +34,7 @@ from maitred.runtime.service.metrics import Metrics, Tally, program_counts
 from maitred.runtime.service.persist import StoreWriter
 from maitred.runtime.service.sglang import SGLangWorker, WorkerProtocolError
 from maitred.runtime.service.usage import PromptSize
-from maitred.runtime.state import RuntimeState, Snapshot, View
+from maitred.runtime.state import RuntimeState, Snapshot, View, pending_at
 
 log = logging.getLogger("maitred.service")
 
@@ -453,6 +453,9 @@ class Runtime:
         for a in applied.assignments:
             self.metrics.assignments.labels(a.reason).inc()
         self._release()
+        pending = {h.program_id for h in pending_at(self.state.handoffs, self.clock())}
+        for pid in self._handoff_prompts.keys() - pending:  # its consumer never came: expired
+            del self._handoff_prompts[pid]
         if self.cfg.warmups:
             for warmup in applied.warmups:
                 self._start_warmup(warmup)
@@ -465,7 +468,7 @@ class Runtime:
         (``expected_prompt``, LOCAL's API); without one there is nothing right to send, since
         the program's last prompt is the producer's. Other warmups replay the last prompt."""
         if warmup.kind == "handoff":
-            prompt: str | list[int] | None = self._handoff_prompts.pop(warmup.program_id, None)
+            prompt: str | list[int] | None = self._handoff_prompts.get(warmup.program_id)
         else:
             prompt = self._prompts.get(warmup.program_id)
         if prompt is None or warmup.program_id in self._warming or warmup.worker not in self.backends:
@@ -480,7 +483,9 @@ class Runtime:
         try:
             await self.backends[warmup.worker].warmup(prompt, priority=self.priority_for(warmup.program_id, warmup.worker))
             outcome = "done"
-            if warmup.kind == "load_back" and self.state.programs.get(warmup.program_id) is not None:
+            if warmup.kind == "handoff":
+                self._handoff_prompts.pop(warmup.program_id, None)
+            elif warmup.kind == "load_back" and self.state.programs.get(warmup.program_id) is not None:
                 self.kick()
         except asyncio.CancelledError:
             outcome = "overtaken"
