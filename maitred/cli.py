@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import sqlite3
 import sys
 import time
@@ -333,7 +334,7 @@ def cmd_bench_replay(args: argparse.Namespace) -> int:
         task = bar.add_task("replaying", total=total)
         records = run_matrix(matrix, profile, jobs=args.jobs,
                              on_done=lambda r: bar.update(task, advance=1, description=f"{r['policy']} C={r['concurrency']}"))
-    command = "maitred " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("maitred") else "maitred bench replay"
+    command = args.command_line
     with _writing("--out", out):
         for path in write_outputs(matrix, records, out, command):
             console.print(f"wrote {path}")
@@ -471,7 +472,9 @@ def _default_db() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.command_line = "maitred " + shlex.join(argv)  # what reports print as the command that made them
     try:
         if not getattr(args, "plugged", False) and "db" in vars(args) and args.db is None:
             args.db = _default_db()

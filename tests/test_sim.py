@@ -274,7 +274,10 @@ def test_bench_cli_writes_results_report_and_plots(tmp_path):
     for key in ("throughput_tok_s", "ttft_mean_s", "ttft_p95_s", "latency_mean_s", "latency_p95_s", "prefix_hit_rate",
                 "recomputed_tokens", "transfer_bytes", "tier_moves", "cpu_ratio"):
         assert key in runs[0]
-    assert "| maitred |" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "| maitred |" in report
+    assert f"Command: `maitred bench replay --trace 'synthetic:claude-code?programs=20&max_steps=20'" in report
+    assert report.split("`")[1].endswith(f"--out {out}")
     for png in ("throughput.png", "ttft.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
