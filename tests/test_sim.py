@@ -276,7 +276,7 @@ def test_bench_cli_writes_results_report_and_plots(tmp_path):
         assert key in runs[0]
     report = (out / "report.md").read_text()
     assert "| maitred |" in report
-    assert f"Command: `maitred bench replay --trace 'synthetic:claude-code?programs=20&max_steps=20'" in report
+    assert "Command: `maitred bench replay --trace 'synthetic:claude-code?programs=20&max_steps=20'" in report
     assert report.split("`")[1].endswith(f"--out {out}")
     for png in ("throughput.png", "ttft.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
