@@ -466,6 +466,20 @@ async def test_a_handoff_consumer_is_warmed_with_the_prompt_the_handoff_announce
         assert usage["prompt_tokens_details"]["cached_tokens"] > 0.9 * usage["prompt_tokens"], usage
 
 
+async def test_a_new_programs_first_request_is_placed_when_it_arrives(cluster):
+    """The policy's arrival rule (maitred's, as the replay applies it) places a new program that
+    fits at once: its first request is not held for the step it would otherwise trigger."""
+    c = cluster(workers=2)
+    async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
+        for pid in ("fresh-1", "fresh-2", "fresh-3"):
+            r = await client.post("/v1/chat/completions", json=chat(pid, [{"role": "user", "content": "hello " * 50}]))
+            assert r.status_code == 200
+        text = (await client.get("/metrics")).text
+    assert c.metric(text, "maitred_queue_wait_seconds_count") == 3
+    assert c.metric(text, 'maitred_queue_wait_seconds_bucket{le="0.001"}') == 3  # none held
+    assert c.metric(text, 'maitred_assignments_total{reason="new"}') == 3
+
+
 async def test_tool_statistics_are_seeded_from_the_store_at_start(cluster, db_url):
     from maitred.events import ToolEnd, ToolStart
     with SessionStore(db_url) as store:

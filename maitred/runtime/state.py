@@ -14,7 +14,7 @@ changed costs a handful of copies and one dict copy.
 """
 
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
@@ -87,6 +87,30 @@ def program_signals(p: ProgramState, history: ToolHistory, now: float, cfg: Sign
 def compute_signals(programs: Mapping[str, ProgramState], history: ToolHistory, now: float, cfg: SignalConfig,
                     use_signature: bool) -> dict[str, ProgramSignals]:
     return {pid: program_signals(p, history, now, cfg, use_signature) for pid, p in programs.items()}
+
+
+class LazySignals(Mapping[str, ProgramSignals]):
+    """Each program's signals computed when first read: for a question about one program on the
+    gateway's event loop (a new program's first request), which must not pay for every
+    program's readiness."""
+
+    def __init__(self, programs: Mapping[str, ProgramState], history: ToolHistory, now: float, cfg: SignalConfig,
+                 use_signature: bool) -> None:
+        self._programs, self._history, self._now, self._cfg, self._use_signature = programs, history, now, cfg, use_signature
+        self._done: dict[str, ProgramSignals] = {}
+
+    def __getitem__(self, program_id: str) -> ProgramSignals:
+        signals = self._done.get(program_id)
+        if signals is None:
+            signals = self._done[program_id] = program_signals(
+                self._programs[program_id], self._history, self._now, self._cfg, self._use_signature)
+        return signals
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._programs)
+
+    def __len__(self) -> int:
+        return len(self._programs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -480,11 +504,14 @@ class RuntimeState:
     def signals_of(self, p: ProgramState, now: float) -> ProgramSignals:
         return program_signals(p, self.history, now, self.cfg, self.use_signature)
 
-    def view(self, now: float) -> View:
+    def view(self, now: float, *, lazy: bool = False) -> View:
         """The live state as a view: for a caller that plans and applies in one thread (the
-        simulator), where nothing can change in between."""
+        simulator, or the gateway's arrival rule), where nothing can change in between.
+        ``lazy``: signals computed only for the programs the caller reads."""
+        signals: Mapping[str, ProgramSignals] = (
+            LazySignals(self.programs, self.history, now, self.cfg, self.use_signature) if lazy else self.signals(now))
         return View(
-            now=now, programs=self.programs, workers=self.workers, signals=self.signals(now),
+            now=now, programs=self.programs, workers=self.workers, signals=signals,
             adapter_versions=self.adapter_versions, handoffs=pending_at(self.handoffs, now),
             agent_prefix_tokens=self.agent_prefix_tokens, cfg=self.cfg,
         )

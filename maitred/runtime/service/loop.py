@@ -234,7 +234,7 @@ class Runtime:
         warming = self._warming.pop(program_id, None)
         if warming is not None:  # overtaken by the real request: the warmup is moot
             warming.cancel()
-        worker = self.state.admit_now(program_id)
+        worker = self.state.admit_now(program_id) or self._place_at_arrival(program_id)
         if worker is not None:
             self.metrics.queue_wait.observe(0.0)
             return Admission(worker, 0.0)
@@ -257,6 +257,27 @@ class Runtime:
         waited = time.monotonic() - held.since
         self.metrics.queue_wait.observe(waited)
         return Admission(worker, waited, forced)
+
+    def _place_at_arrival(self, program_id: str) -> str | None:
+        """A new program's first request, placed at once by the policy's own arrival rule
+        (maitred, ThunderAgent and MORI have one; the replay applies the same rule), instead of
+        waiting for the step it would trigger. None: no rule, or it says wait."""
+        rule = getattr(self.scheduler.policy, "admit_at_arrival", None)
+        p = self.state.programs.get(program_id)
+        if rule is None or p is None or p.home_worker is not None:
+            return None
+        try:
+            decision = rule(self.state.view(self.clock(), lazy=True), program_id)
+        except Exception:  # the step it falls back to degrades the same way (Scheduler.plan)
+            log.exception("maitred: %s's arrival rule failed; %s waits for a step", self.scheduler.policy.name, program_id)
+            return None
+        if decision is None:
+            return None
+        self.state.apply_decision(decision)
+        for a in decision.assignments:
+            self.metrics.assignments.labels(a.reason).inc()
+        home = self.state.programs[program_id].home_worker
+        return home if home is not None and self.state.workers[home].healthy else None
 
     def held_count(self) -> int:
         return sum(len(w) for w in self._held.values())
