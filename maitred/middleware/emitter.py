@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from maitred.events import Event
-from maitred.middleware.sinks import PermanentSinkError, Sink
+from maitred.middleware.sinks import ForkAware, PermanentSinkError, Sink
 
 log = logging.getLogger("maitred")
 
@@ -352,5 +352,7 @@ class Emitter:
 
     def after_fork(self) -> None:
         """In a forked child the thread is gone and the parent owns what was queued (and its
-        counters): the child starts empty."""
+        counters): the child starts empty, and a sink holding connections makes its own."""
         self._init_state()
+        if isinstance(self.sink, ForkAware):
+            self.sink.after_fork()

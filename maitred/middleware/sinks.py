@@ -9,7 +9,7 @@ never succeed, so the emitter drops it instead of retrying forever.
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import httpx
 
@@ -30,6 +30,15 @@ class Sink(Protocol):
     def send(self, events: Sequence[Event]) -> int: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ForkAware(Protocol):
+    """A sink that holds something a forked child must not share with its parent (a pooled
+    connection): the emitter calls ``after_fork`` in the child, before the child's first send.
+    Optional, so a sink of your own needs only ``send`` and ``close``."""
+
+    def after_fork(self) -> None: ...
 
 
 class Throttled:
@@ -133,17 +142,22 @@ class HttpSink:
     """POSTs batches as JSON arrays to ``<runtime_url>/v1/events``, at most
     ``max_events_per_request`` events per request so a deep queue never makes a body the
     runtime refuses as too large. A request the runtime refuses (400, 413, 422) counts its
-    events as refused; the rest of the batch still goes."""
+    events as refused; the rest of the batch still goes.
+
+    The client (and its keep-alive connections) is made on the first batch, in the emitter's
+    thread: building one costs about 20 ms (its TLS context), which neither ``configure`` nor a
+    forked child should pay on the caller's thread."""
 
     def __init__(
         self, runtime_url: str, *, token: str | None = None, timeout_s: float = 5.0, max_events_per_request: int = 1_000,
     ) -> None:
         self.url = runtime_url.rstrip("/") + "/v1/events"
         self.max_events_per_request = max_events_per_request
-        headers = {"content-type": "application/json", "user-agent": "maitred-middleware"}
+        self.timeout_s = timeout_s
+        self.headers = {"content-type": "application/json", "user-agent": "maitred-middleware"}
         if token:
-            headers["authorization"] = f"Bearer {token}"
-        self._client = httpx.Client(headers=headers, timeout=timeout_s)
+            self.headers["authorization"] = f"Bearer {token}"
+        self._client: httpx.Client | None = None
         self._refusals = Throttled()
 
     def send(self, events: Sequence[Event]) -> int:
@@ -154,6 +168,8 @@ class HttpSink:
         return len(events) - len(valid) + sum(self._post(valid[i:i + step]) for i in range(0, len(valid), step))
 
     def _post(self, events: Sequence[Event]) -> int:
+        if self._client is None:
+            self._client = httpx.Client(headers=self.headers, timeout=self.timeout_s)
         response = self._client.post(self.url, content=dumps_batch(events))
         if response.status_code in (400, 413, 422):
             self._refusals.warning("maitred: %s refused %d events: %s %s", self.url, len(events), response.status_code,
@@ -169,4 +185,20 @@ class HttpSink:
         return len(rejected)
 
     def close(self) -> None:
-        self._client.close()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def after_fork(self) -> None:
+        """In a forked child the pooled keep-alive connections are the parent's TCP connections:
+        sending on one interleaves two processes' requests on one stream, and either may read the
+        other's response. The child forgets the inherited client and makes its own on its next
+        batch.
+
+        The inherited client is dropped, not closed: its pool lock may have been held by the
+        parent's emitter thread at the moment of the fork, and no thread in the child would ever
+        release it, so ``close()`` could hang the child for good. Its sockets are closed when
+        collected, with ``socket.close()`` (what httpcore's own close does too), which only drops
+        the child's descriptors; nothing calls ``shutdown()``, which would end the connection for
+        the parent as well."""
+        self._client = None
