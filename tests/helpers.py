@@ -1,6 +1,7 @@
 """Test doubles that are real parts: an in-memory sink and a real HTTP server on 127.0.0.1."""
 
 import json
+import logging
 import socket
 import threading
 import time
@@ -12,6 +13,7 @@ from urllib.parse import quote
 
 from sqlalchemy import create_engine, text
 
+import maitred
 from maitred.events import Event
 
 
@@ -191,3 +193,23 @@ def throwaway_schemas(url: str, prefix: str = "t") -> Iterator[Callable[[], str]
             for schema in made:
                 conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+class Warnings(logging.Handler):
+    """Every warning the ``maitred`` logger gives in this process, as text."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def emit_calls(program_id: str, calls: int) -> int:
+    """``calls`` tool calls inside one program; returns the events that makes."""
+    tool = maitred.tool(name="work")(lambda: None)
+    with maitred.program(program_id):
+        for _ in range(calls):
+            tool()
+    return 2 * calls + 2

@@ -19,30 +19,11 @@ import pytest
 import maitred
 from maitred.middleware import EmitterSettings
 from maitred.storage import SessionStore
+from tests.helpers import Warnings, emit_calls
 
 #: Rounds of writing at the same time in parent and child, and tool calls per round and side.
 ROUNDS = 5
 CALLS = 300
-
-
-class Warnings(logging.Handler):
-    """Every warning the ``maitred`` logger gives in this process, as text."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-def emit_calls(program_id: str, calls: int) -> int:
-    """``calls`` tool calls inside one program; returns the events that makes."""
-    tool = maitred.tool(name="work")(lambda: None)
-    with maitred.program(program_id):
-        for _ in range(calls):
-            tool()
-    return 2 * calls + 2
 
 
 def write_rounds(side: str, start_r: int, ready_w: int) -> dict[str, Any]:

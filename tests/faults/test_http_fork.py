@@ -24,7 +24,7 @@ from starlette.routing import Route
 import maitred
 from maitred.middleware import EmitterSettings
 from maitred.runtime.service.background import BackgroundServer
-from tests.faults.test_fork import Warnings, emit_calls
+from tests.helpers import Warnings, emit_calls
 
 CALLS = 200
 
