@@ -32,4 +32,4 @@ replay: $(STAMP)
 	$(BIN)/maitred bench replay --trace synthetic:claude-code --concurrency 20,50,80 --cpu-ratio 1,2 --duration 3600 --seed 0 --out out/synthetic
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis maitred-demo.db*
+	rm -rf $(VENV) .pytest_cache .hypothesis maitred-demo.db* maitred-demo.png

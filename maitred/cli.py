@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 from rich.console import Console
 from rich.table import Table
 
-from maitred.flags import seconds, whole
+from maitred.flags import bounded, seconds, whole
 from maitred.middleware.config import default_db_url
 from maitred.sim.traces import TraceError
 from maitred.storage import DatabaseTooNew, SessionStore, StoreError, normalize_db_url
@@ -325,7 +325,8 @@ def cmd_bench_replay(args: argparse.Namespace) -> int:
     out = Path(args.out)
     _writable_folder("--out", out)
     matrix = Matrix(args.trace, args.policy, args.concurrency, args.cpu_ratio, args.duration, args.seed,
-                    args.workers, args.gpu_tokens, use_signature=args.history == "signature")
+                    args.workers, args.gpu_tokens, use_signature=args.history == "signature",
+                    busy_margin=args.busy_margin, overcommit_headroom=args.overcommit_headroom)
     total = len(matrix.configs())
     console.print(f"{trace.name}: {len(trace.programs)} programs; {total} runs of {args.duration:.0f} simulated s "
                   f"on {args.jobs or 'all'} processes; engine: {profile.name}")
@@ -418,6 +419,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "(maitred calibrate writes one)")
     p.add_argument("--history", choices=("signature", "tool"), default="signature",
                    help="tool-duration history for readiness: per signature (Bash:pytest) or per tool (default: signature)")
+    p.add_argument("--busy-margin", type=bounded(0.0, 1.0, open_low=True),
+                   help="maitred's GPU-tier fill, as maitred serve --busy-margin (default: 0.9)")
+    p.add_argument("--overcommit-headroom", type=bounded(0.0, 10.0),
+                   help="maitred's admitted KV beyond GPU and host, in GPUs, as maitred serve (default: 0.4)")
     p.add_argument("--jobs", type=whole(1), help="processes (default: all cores)")
     p.add_argument("--out", required=True, help="folder for results.json, report.md and the PNG plots")
 

@@ -154,6 +154,7 @@ def test_serve_launches_sglang_routes_to_it_and_takes_it_down_with_itself(standi
     (["--busy-margin", "0", "--worker", "http://127.0.0.1:1"], "--busy-margin"),
     (["--busy-margin", "1.5", "--worker", "http://127.0.0.1:1"], "--busy-margin"),
     (["--overcommit-headroom", "-0.1", "--worker", "http://127.0.0.1:1"], "--overcommit-headroom"),
+    (["--policy", "mori", "--overcommit-headroom", "0", "--worker", "http://127.0.0.1:1"], "--overcommit-headroom"),
     (["--gpus", "0,0", "--launch-sglang", "/m"], "--gpus"),
     (["--hicache-ratio", "1", "--launch-sglang", "/m"], "--hicache-ratio"),
     ([], "--worker"),

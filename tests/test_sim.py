@@ -299,6 +299,30 @@ def test_bench_cli_history_flag_reaches_the_runs(tmp_path):
     assert errors["signature"] is not None and errors["tool"] is not None and errors["signature"] != errors["tool"]
 
 
+def test_bench_cli_sizing_flags_reach_maitreds_signal_config(tmp_path, monkeypatch):
+    """``--busy-margin`` / ``--overcommit-headroom`` (as maitred serve's) size maitred's tier in
+    the replay; the report and results say which values ran."""
+    from maitred.cli import main
+    from maitred.sim import replay
+
+    seen = []
+    real = replay.Replay.__post_init__
+
+    def spy(self):
+        real(self)
+        seen.append((self.state.cfg.busy_margin, self.state.cfg.overcommit_headroom))
+
+    monkeypatch.setattr(replay.Replay, "__post_init__", spy)
+    out = tmp_path / "sized"
+    assert main(["bench", "replay", "--trace", "synthetic:claude-code?programs=10&max_steps=20", "--policy", "maitred",
+                 "--concurrency", "4", "--cpu-ratio", "1", "--duration", "60", "--busy-margin", "0.5",
+                 "--overcommit-headroom", "0", "--jobs", "1", "--out", str(out)]) == 0
+    assert seen and set(seen) == {(0.5, 0.0)}
+    assert "maitred's busy margin 0.5; maitred's overcommit headroom 0." in (out / "report.md").read_text()
+    matrix = json.loads((out / "results.json").read_text())["matrix"]
+    assert (matrix["busy_margin"], matrix["overcommit_headroom"]) == (0.5, 0.0)
+
+
 def test_bench_cli_rejects_bad_flags(capsys):
     from maitred.cli import main
 

@@ -33,11 +33,14 @@ class Matrix:
     workers: int = 1
     gpu_tokens: int | None = None
     use_signature: bool = True   # readiness history per tool signature, else per tool (SPEC 7.2)
+    busy_margin: float | None = None          # maitred's tier sizing (None: the default)
+    overcommit_headroom: float | None = None
 
     def configs(self) -> list[tuple[RunConfig, bool]]:
         def config(p: str, c: int, r: float) -> RunConfig:
             return RunConfig(p, c, r, self.duration_s, self.seed, self.workers, self.gpu_tokens,
-                             use_signature=self.use_signature)
+                             use_signature=self.use_signature, busy_margin=self.busy_margin,
+                             overcommit_headroom=self.overcommit_headroom)
 
         runs = [(config("round_robin", c, 1.0), True) for c in self.concurrencies]
         runs += [(config(p, c, r), False) for p in self.policies for c in self.concurrencies for r in self.cpu_ratios]
@@ -115,7 +118,10 @@ def report_markdown(matrix: Matrix, records: Sequence[dict], command: str) -> st
     policies = list(matrix.policies)
     lines = [f"# Replay: {matrix.trace}", "", f"Command: `{command}`", "",
              f"{matrix.duration_s:.0f} simulated seconds per run, seed {matrix.seed}, {matrix.workers} worker(s)"
-             + ("." if matrix.use_signature else "; readiness from per-tool history (--history tool)."), ""]
+             + ("" if matrix.use_signature else "; readiness from per-tool history (--history tool)")
+             + "".join(f"; maitred's {name} {value:g}" for name, value in (
+                 ("busy margin", matrix.busy_margin), ("overcommit headroom", matrix.overcommit_headroom)) if value is not None)
+             + ".", ""]
     tables = [("Throughput (output tokens/s)", "throughput_tok_s", "{:.0f}"),
               ("Mean TTFT (s)", "ttft_mean_s", "{:.2f}"), ("p95 TTFT (s)", "ttft_p95_s", "{:.2f}"),
               ("Prefix hit rate", "prefix_hit_rate", "{:.3f}")]

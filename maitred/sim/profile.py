@@ -79,7 +79,7 @@ class EngineProfile:
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"engine profile {path}: {exc}") from None
+            raise ValueError(f"engine profile {path}: {exc} (built-in profiles: {', '.join(PROFILES)})") from None
         if not isinstance(data, dict):
             raise ValueError(f"engine profile {path}: expected a JSON object")
         known = {f.name for f in fields(cls)}

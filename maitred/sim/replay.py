@@ -32,7 +32,7 @@ import itertools
 import math
 import random
 from dataclasses import dataclass, field, replace
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -117,6 +117,8 @@ class RunConfig:
     hold_timeout_s: float | None = None  # None: the policy's own
     stagger_s: float = 30.0         # slots start spread over this window
     use_signature: bool = True      # readiness history per tool signature (else per tool; SPEC 7.2)
+    busy_margin: float | None = None          # maitred's tier sizing (None: SignalConfig's default)
+    overcommit_headroom: float | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in SIM_POLICIES:
@@ -131,6 +133,12 @@ class RunConfig:
     @property
     def period(self) -> float:
         return self.period_s if self.period_s is not None else SIM_POLICIES[self.policy].period_s
+
+    @property
+    def sizing(self) -> dict[str, Any]:
+        """maitred's GPU-tier sizing overrides, for ``SignalConfig``."""
+        return {name: value for name, value in (("busy_margin", self.busy_margin),
+                                                ("overcommit_headroom", self.overcommit_headroom)) if value is not None}
 
     @property
     def hold(self) -> float:
@@ -202,7 +210,7 @@ class Replay:
         }
         self.state = RuntimeState(
             [WorkerState(w, gpu_tokens=gpu, cpu_tokens=host) for w in self.workers],
-            SignalConfig(period_s=cfg.period), use_signature=cfg.use_signature,
+            replace(SignalConfig(period_s=cfg.period), **cfg.sizing), use_signature=cfg.use_signature,
         )
         self.clairvoyant = Clairvoyant() if self.sim.runtime == "clairvoyant" else None
         policy: Policy | str = self.clairvoyant or self.sim.runtime

@@ -90,10 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tick", type=seconds, default=1.0, help="scheduler period in seconds (default: 1)")
     parser.add_argument("--hold-timeout", type=seconds, default=5.0,
                         help="longest a request is held before it is let through anyway (default: 5 s)")
-    parser.add_argument("--busy-margin", type=bounded(0.0, 1.0, open_low=True), default=SignalConfig().busy_margin,
+    parser.add_argument("--busy-margin", type=bounded(0.0, 1.0, open_low=True), default=None,
                         help="maitred: share of GPU KV the expected busy set of admitted programs may fill "
                              f"(default: {SignalConfig().busy_margin:g})")
-    parser.add_argument("--overcommit-headroom", type=bounded(0.0, 10.0), default=SignalConfig().overcommit_headroom,
+    parser.add_argument("--overcommit-headroom", type=bounded(0.0, 10.0), default=None,
                         help="maitred: admitted KV beyond what GPU and host memory keep, in GPUs; it is recomputed "
                              f"when evicted (default: {SignalConfig().overcommit_headroom:g}; 0 never overcommits)")
     parser.add_argument("--priority", action="store_true",
@@ -131,9 +131,14 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
         db = args.db or default_db_url()
     elif args.db:
         raise _Refused("--no-db: cannot be combined with --db")
+    sizing = {name: value for name, value in (("busy_margin", args.busy_margin),
+                                              ("overcommit_headroom", args.overcommit_headroom)) if value is not None}
+    if sizing and args.policy != "maitred":
+        flag = "--" + next(iter(sizing)).replace("_", "-")
+        raise _Refused(f"{flag}: only the maitred policy sizes its GPU tier by the busy set (--policy {args.policy})")
     runtime = RuntimeConfig(policy=args.policy, tick_s=args.tick, hold_timeout_s=args.hold_timeout,
                             priority=args.priority or bool(args.launch_sglang), warmups=not args.no_warmups,
-                            busy_margin=args.busy_margin, overcommit_headroom=args.overcommit_headroom)
+                            **sizing)
     proxy = ProxyConfig(max_body_bytes=args.max_body_mb, request_timeout_s=args.request_timeout)
     return ServeConfig(workers=list(workers), db_url=db, token=token, runtime=runtime, proxy=proxy,
                        max_events_bytes=args.max_events_mb, wait_for_workers_s=args.wait_for_workers)
@@ -152,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
     # Alembic narrates every migration check at INFO ("Will assume non-transactional DDL", which
     # reads like a warning); the store reports what matters itself.
     logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLogger().level))
+    # httpx logs every health and load poll (four lines a second with two workers) at INFO
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     if not args.worker and not args.launch_sglang:
         return _refuse("--worker: give at least one worker URL (or --launch-sglang MODEL_PATH)")
     try:
