@@ -135,8 +135,9 @@ def working_set_capacity(view: View) -> dict[str, TierCapacity]:
     Measured on the replay (3,600 s, synthetic and SWE-agent at C = 50/80 ×1, H100 and 70B
     profiles): without the band, demoting above ``fill``, maitred re-tiered ~2,900 times an
     hour at synthetic C = 80 and lost 2–5% to ThunderAgent; with it, ~400 moves and 1.01–1.11×.
-    Fill margins 0.85–0.95 and headroom 0.2–0.4 measured alike; a fill margin of 1.0 loses ~4%
-    on SWE-agent, where ~4% overcommit thrashes; headroom 0 loses 2–3% on synthetic ×1.
+    Fill margins 0.85–0.95 and headroom 0.2–0.4 measured alike; a fill margin of 1.0 loses 5% on
+    SWE-agent C = 80 ×1, where a few percent of overcommit thrashes; headroom 0 loses 7% on
+    synthetic C = 80 ×1 (BENCHMARKS.md, "Tuning", has the commands).
     """
     reserve, cfg = view.cfg.reserve_tokens, view.cfg
     tokens = busy = 0.0
