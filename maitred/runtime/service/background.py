@@ -2,6 +2,7 @@
 wait until it answers: what the demo, the benchmarks and the end-to-end tests start their
 gateways and simulated workers with (real sockets, real HTTP; no in-process shortcuts)."""
 
+import shlex
 import socket
 import subprocess
 import threading
@@ -28,7 +29,10 @@ def wait_http(url: str, *, timeout_s: float = 30.0, process: subprocess.Popen[An
     deadline = time.monotonic() + timeout_s
     while True:
         if process is not None and process.poll() is not None:
-            raise RuntimeError(f"{process.args!r} exited with status {process.returncode} before {url} answered")
+            args = process.args
+            command = shlex.join(map(str, args)) if isinstance(args, (list, tuple)) else str(args)
+            raise RuntimeError(f"{command} exited with status {process.returncode} before {url} answered "
+                               "(its own output, above, says why)")
         try:
             if httpx.get(url, timeout=1.0).is_success:
                 return
