@@ -409,11 +409,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", type=_csv(str, list(SIM_POLICIES)), default=DEFAULT_POLICIES,
                    help=f"comma-separated, of {','.join(SIM_POLICIES)} (default: all but maitred_no_preprefill)")
     p.add_argument("--concurrency", type=_csv(int, maximum=MAX_CONCURRENCY), default=(20, 50, 80),
-                   help="concurrent programs per run, comma-separated")
-    p.add_argument("--cpu-ratio", type=_csv(float), default=(1.0, 2.0), help="host KV memory as a multiple of GPU KV memory")
-    p.add_argument("--duration", type=seconds, default=3600.0, help="simulated seconds per run")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=whole(1, MAX_WORKERS), default=1, help="simulated GPU workers (data-parallel ranks)")
+                   help="concurrent programs per run, comma-separated (default: 20,50,80)")
+    p.add_argument("--cpu-ratio", type=_csv(float), default=(1.0, 2.0),
+                   help="host KV memory as a multiple of GPU KV memory, comma-separated (default: 1,2)")
+    p.add_argument("--duration", type=seconds, default=3600.0, help="simulated seconds per run (default: 3600)")
+    p.add_argument("--seed", type=int, default=0, help="(default: 0)")
+    p.add_argument("--workers", type=whole(1, MAX_WORKERS), default=1,
+                   help="simulated GPU workers (data-parallel ranks; default: 1)")
     p.add_argument("--gpu-tokens", type=whole(1, UNLIMITED_TOKENS), help="GPU KV capacity per worker (default: the profile's)")
     p.add_argument("--profile", help="engine profile: a built-in name (h100-7b, h200-7b, b200x2-70b) or a JSON file "
                                      "(maitred calibrate writes one)")
