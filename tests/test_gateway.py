@@ -297,6 +297,18 @@ async def test_admission_for_requests_that_reach_the_workers_another_way(cluster
 # -- failures inside the gateway ------------------------------------------------------------------------
 
 
+async def test_with_no_worker_answering_a_request_gets_503_naming_the_workers():
+    """A worker URL nothing listens on: the gateway starts, and a request is refused with 503 and
+    a message that says which worker does not answer (one JSON error, a retry-after)."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    gateway = build_app(ServeConfig([dead], runtime=FAST, wait_for_workers_s=0.5))
+    with BackgroundServer(gateway.app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            r = await client.post("/v1/chat/completions", json=chat("p", [{"role": "user", "content": "hi"}]))
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert r.json()["error"]["message"] == f"no worker can take the request: no healthy worker (not answering: {dead})"
+
+
 async def test_a_policy_that_raises_degrades_to_plain_routing(cluster):
     c = cluster()
 

@@ -81,7 +81,9 @@ def build_app(cfg: ServeConfig, *, hook_mapper: tuple[HookMapper | None, type[Ex
         await proxy.start()
         await runtime.start(wait_for_workers_s=cfg.wait_for_workers_s)
         healthy = [url for url, w in runtime.state.workers.items() if w.healthy]
-        log.info("maitred: gateway up; policy %s; workers up: %s", cfg.runtime.policy, ", ".join(healthy) or "none yet")
+        down = [url for url in runtime.state.workers if url not in healthy]
+        log.info("maitred: gateway up; policy %s; workers up: %s%s", cfg.runtime.policy, ", ".join(healthy) or "none yet",
+                 f"; not answering yet: {', '.join(down)}" if down else "")
         if on_ready is not None:
             on_ready(gateway)
         try:

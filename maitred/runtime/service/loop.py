@@ -213,10 +213,15 @@ class Runtime:
         for pid in stale:
             self._end(pid, now)
 
+    def no_worker(self) -> NoWorkerAvailable:
+        """Why no worker can take a request, naming the workers that do not answer."""
+        down = [url for url, w in self.state.workers.items() if not w.healthy]
+        return NoWorkerAvailable("no healthy worker" + (f" (not answering: {', '.join(down)})" if down else ""))
+
     def least_loaded(self) -> str:
         healthy = [url for url, w in self.state.workers.items() if w.healthy]
         if not healthy:
-            raise NoWorkerAvailable("no healthy worker")
+            raise self.no_worker()
         return min(healthy, key=lambda url: (self.inflight[url], self.state.workers[url].queued_requests, url))
 
     # -- requests -------------------------------------------------------------------------------
@@ -239,7 +244,7 @@ class Runtime:
             self.metrics.queue_wait.observe(0.0)
             return Admission(worker, 0.0)
         if not any(w.healthy for w in self.state.workers.values()):
-            raise NoWorkerAvailable("no healthy worker")
+            raise self.no_worker()
         held = _Held(asyncio.get_running_loop().create_future(), time.monotonic())
         self._held.setdefault(program_id, []).append(held)
         self.kick()
