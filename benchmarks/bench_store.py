@@ -21,18 +21,21 @@ import random
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
-from sqlalchemy import create_engine, event, select, text
+from sqlalchemy import event, select
 
 from maitred.events import Event, LLMEnd, ToolEnd, ToolStart
 from maitred.storage import SessionStore, StoreUnavailable
 from maitred.storage.models import EventRow
+
+# The repository root, for the test suite's helpers (the fault scenarios' child process and the
+# throwaway PostgreSQL schemas): one copy of each, run from ``benchmarks/``.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.helpers import throwaway_schemas
 
 T0 = time.time() - 86_400
 
@@ -76,24 +79,8 @@ def postgres_schemas(url: str | None) -> Iterator[Callable[[], str] | None]:
     if not url:
         yield None
         return
-    admin = create_engine(url)
-    made: list[str] = []
-
-    def fresh() -> str:
-        schema = f"bench_{uuid.uuid4().hex[:10]}"
-        with admin.begin() as conn:
-            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-        made.append(schema)
-        sep = "&" if "?" in url else "?"
-        return f"{url}{sep}options={quote(f'-csearch_path={schema}')}"
-
-    try:
+    with throwaway_schemas(url, "bench") as fresh:
         yield fresh
-    finally:
-        with admin.begin() as conn:
-            for schema in made:
-                conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
 
 
 def throughput(args: argparse.Namespace, sqlite: Callable[[], str], postgres: Callable[[], str] | None) -> dict[str, Any]:
@@ -239,7 +226,6 @@ def full_disk(path: Path) -> dict[str, int]:
 
 
 def reliability(args: argparse.Namespace, sqlite: Callable[[], str], postgres: Callable[[], str] | None) -> dict[str, Any]:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.faults import store_child as child
 
     out: dict[str, Any] = {}

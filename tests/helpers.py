@@ -2,6 +2,7 @@
 
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -9,6 +10,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import quote
 
 from sqlalchemy import create_engine, text
@@ -156,11 +158,15 @@ class TcpProxy:
             for a, b in ((client, server), (server, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    def passing(self) -> bool:
+        """Whether bytes read now are forwarded (a subclass may swallow them instead)."""
+        return True
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
         try:
             while data := source.recv(65536):
-                sink.sendall(data)
+                if self.passing():
+                    sink.sendall(data)
         except OSError:
             pass
         finally:
@@ -213,3 +219,12 @@ def emit_calls(program_id: str, calls: int) -> int:
         for _ in range(calls):
             tool()
     return 2 * calls + 2
+
+
+def child_report(pid: int, report_r: int) -> dict[str, Any]:
+    """What a forked child wrote on ``report_r`` (JSON) before exiting with status 0."""
+    report = b"".join(iter(lambda: os.read(report_r, 65536), b""))
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and report, "the child failed before reporting"
+    figures: dict[str, Any] = json.loads(report)
+    return figures

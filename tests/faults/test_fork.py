@@ -19,7 +19,7 @@ import pytest
 import maitred
 from maitred.middleware import EmitterSettings
 from maitred.storage import SessionStore
-from tests.helpers import Warnings, emit_calls
+from tests.helpers import Warnings, child_report, emit_calls
 
 #: Rounds of writing at the same time in parent and child, and tool calls per round and side.
 ROUNDS = 5
@@ -71,16 +71,13 @@ def test_a_forked_child_and_its_parent_each_store_every_event_once(db_url):
             child(to_child_r, to_parent_w, report_w)
         os.close(report_w)
         figures = write_rounds("parent", to_parent_r, to_child_w)
-        report = b"".join(iter(lambda: os.read(report_r, 65536), b""))
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0 and report, "the child failed before reporting"
+        in_child = child_report(pid, report_r)
         emitted += figures["emitted"] + emit_calls("parent-after", CALLS)
         assert maitred.flush(timeout=30) is True
         (stats,) = maitred.stats()
     finally:
         logging.getLogger("maitred").removeHandler(warnings)
         maitred.shutdown(timeout=30)
-    in_child = json.loads(report)
     assert (in_child["warnings"], warnings.messages) == ([], [])
     assert in_child["flushed"] == [True] * ROUNDS and in_child["shutdown"] is True
     assert (in_child["delivered"], in_child["dropped"], in_child["last_error"]) == (in_child["emitted"], 0, None)

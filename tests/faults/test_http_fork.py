@@ -24,7 +24,7 @@ from starlette.routing import Route
 import maitred
 from maitred.middleware import EmitterSettings
 from maitred.runtime.service.background import BackgroundServer
-from tests.helpers import Warnings, emit_calls
+from tests.helpers import Warnings, child_report, emit_calls
 
 CALLS = 200
 
@@ -82,16 +82,13 @@ def test_a_forked_child_sends_on_its_own_connection_and_every_event_arrives_once
             if pid == 0:
                 child(report_w)
             os.close(report_w)
-            report = b"".join(iter(lambda: os.read(report_r, 65536), b""))
-            _, status = os.waitpid(pid, 0)
-            assert os.waitstatus_to_exitcode(status) == 0 and report, "the child failed before reporting"
+            in_child = child_report(pid, report_r)
             emitted += emit_calls("parent-after", CALLS)
             assert maitred.flush(timeout=30) is True
             (stats,) = maitred.stats()
         finally:
             logging.getLogger("maitred").removeHandler(warnings)
             maitred.shutdown(timeout=30)
-    in_child = json.loads(report)
     assert (in_child["warnings"], warnings.messages) == ([], [])
     assert (in_child["flushed"], in_child["shutdown"]) == (True, True)
     assert (in_child["delivered"], in_child["dropped"], in_child["last_error"]) == (in_child["emitted"], 0, None)
