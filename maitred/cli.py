@@ -321,10 +321,7 @@ def cmd_bench_replay(args: argparse.Namespace) -> int:
 
     trace = load_trace(args.trace)  # validate before starting processes
     _report_skipped(trace.name, trace.skipped)
-    try:
-        profile = EngineProfile.load(args.profile) if args.profile else EngineProfile()
-    except ValueError as exc:  # a flag value the command cannot use: refused like argparse refuses one
-        raise UsageError(f"--profile: {exc}") from None
+    profile = EngineProfile.load(args.profile) if args.profile else EngineProfile()
     out = Path(args.out)
     _writable_folder("--out", out)
     matrix = Matrix(args.trace, args.policy, args.concurrency, args.cpu_ratio, args.duration, args.seed,
