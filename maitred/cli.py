@@ -407,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("replay", cmd_bench_replay, "replay a trace against every policy on simulated workers", bench)
     p.add_argument("--trace", required=True, help="SWE-agent folder, TraceLab or maitred JSONL, or synthetic:claude-code[?options]")
     p.add_argument("--policy", type=_csv(str, list(SIM_POLICIES)), default=DEFAULT_POLICIES,
-                   help=f"comma-separated, of {','.join(SIM_POLICIES)} (default: all but maitred_no_preprefill)")
+                   help=f"comma-separated, of {','.join(SIM_POLICIES)} (default: all but the ablations maitred_no_preprefill and maitred_write_through)")
     p.add_argument("--concurrency", type=_csv(int, maximum=MAX_CONCURRENCY), default=(20, 50, 80),
                    help="concurrent programs per run, comma-separated (default: 20,50,80)")
     p.add_argument("--cpu-ratio", type=_csv(float), default=(1.0, 2.0),

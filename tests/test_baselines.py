@@ -68,6 +68,39 @@ def test_a_block_evicted_without_a_host_copy_is_gone():
     assert again.recomputed == 6_000
 
 
+def test_write_back_copies_only_what_leaves_the_gpu_and_the_scheduler_waits_for_it():
+    """``--hicache-write-policy write_back``: nothing is copied when p's KV is cached; when q
+    needs the room, p's KV is copied to host memory first and the worker stalls for the copy
+    (no step runs until it is done); p's next prompt loads it back instead of recomputing."""
+    w = Worker("w", PROFILE, gpu_tokens=12_000, host_tokens=12_000, offload=True, write_back=True)
+    finish(w, req("p", 9_000))
+    assert w.host_used == 0 and w.stats.transfer_bytes == 0
+    t0 = w.t
+    q = finish(w, req("q", 5_000, output=1), t=t0)
+    seg = w.segments["p"]
+    assert seg.host == 9_010 and seg.gpu < 9_010
+    assert w.stalled_until == pytest.approx(t0 + PROFILE.load_s(9_010))
+    assert q.first_token_at is not None and q.first_token_at >= w.stalled_until
+    gpu_part = seg.gpu
+    again = finish(w, req("p", 9_010, output=1), t=w.t)
+    assert again.recomputed == 0 and again.host_hit_tokens == 9_010 - gpu_part
+
+
+def test_write_back_keeps_more_than_the_gpu_on_a_host_pool_the_size_of_the_gpu():
+    """Three programs of 5,010 tokens on a 12,000-token GPU with a 12,000-token host pool:
+    write-through mirrors the GPU on the host, so the one pushed off the GPU has no copy left
+    and recomputes; write-back copies it when it leaves, so it loads back."""
+    def third_visit(write_back: bool) -> Request:
+        w = Worker("w", PROFILE, gpu_tokens=12_000, host_tokens=12_000, offload=True, write_back=write_back)
+        for pid in ("a", "b"):
+            finish(w, req(pid, 5_000), t=w.t)
+        finish(w, req("c", 5_000), t=w.t)  # pushes a off the GPU
+        return finish(w, req("a", 5_010, output=1), t=w.t)
+
+    assert third_visit(False).recomputed > 0
+    assert third_visit(True).recomputed == 0
+
+
 def test_stock_host_eviction_never_takes_the_copy_of_a_gpu_resident_block():
     w = Worker("w", PROFILE, gpu_tokens=100_000, host_tokens=10_000, offload=True)
     finish(w, req("q", 6_000))
@@ -248,7 +281,7 @@ def test_each_policy_runs_at_its_published_cadence_and_hold_bound():
     assert RunConfig("mori", 1, hold_timeout_s=30.0).hold == 30.0
     urgent = {name for name, sim in SIM_POLICIES.items() if sim.urgent_s is not None and sim.urgent_s > 0}
     # maitred's gateway (and its variants and the references run on it)
-    assert urgent == {"maitred", "maitred_no_preprefill", "oracle", "clairvoyant"}
+    assert urgent == {"maitred", "maitred_no_preprefill", "maitred_write_through", "oracle", "clairvoyant"}
     with pytest.raises(ValueError, match="hold_timeout_s"):
         RunConfig("mori", 1, hold_timeout_s=-1)
 

@@ -125,6 +125,22 @@ def test_working_set_capacity_follows_the_busy_share_up_to_what_gpu_and_host_kee
     assert (c.fill, c.ceiling) == (18_000, 20_000)  # 0.9 / 0.5 and 1 / 0.5
 
 
+def test_with_write_back_the_host_pool_adds_to_the_gpu_in_the_tier_cap():
+    """The same four acting programs (busy share 0.25, 0.9 / 0.25 = 3.6). With write-through a
+    host pool the size of the GPU only mirrors it (cap 1 + 0.4 headroom); with write-back it
+    holds what left the GPU (cap 1 + 1 + 0.4)."""
+    def fill(write_back: bool) -> int:
+        ps = [program(f"p{i}", tokens=9_488, phase=Phase.ACTING, home="w0", tier=Tier.GPU, cycles=[(1, 3)] * 4)
+              for i in range(4)]
+        for p in ps:
+            p.phase_since = NOW
+        st_ = state([("w0", 10_000, 10_000)], ps)
+        st_.workers["w0"].write_back = write_back
+        return working_set_capacity(st_.view(NOW))["w0"].fill
+
+    assert (fill(False), fill(True)) == (14_000, 24_000)
+
+
 def test_maitred_demotes_only_above_its_ceiling_and_only_down_to_it():
     """w0: 10,000 GPU and 20,000 host tokens; five acting programs of 3,488 (+512) with ι = 0.5
     (busy share 0.5): fill 18,000, ceiling 20,000. At 20,000 (all five) nothing moves: the band

@@ -81,6 +81,7 @@ class WorkerState:
     worker_id: str
     gpu_tokens: int
     cpu_tokens: int = 0
+    write_back: bool = False     # HiCache ``--hicache-write-policy write_back``: host memory adds to the GPU's
     healthy: bool = True
     queued_requests: int = 0     # foreground requests waiting in the engine (SGLang /v1/loads)
     used_tokens: int | None = None  # engine-reported KV use, when known

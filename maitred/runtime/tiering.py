@@ -126,8 +126,9 @@ def working_set_capacity(view: View) -> dict[str, TierCapacity]:
     the regime is the workload's, and an empty worker must not look smaller than one full of
     idle programs, or placement would pile onto the latter. The tier fills to ``busy_margin / s`` × the GPU and demotes
     above ``1 / s`` × the GPU (the expected busy set exactly fills the GPU). The cap is what the
-    two tiers can keep without recomputing — ``max(1, host / GPU)`` (write-through mirrors the
-    GPU on the host, so host memory below the GPU's adds no room) — plus
+    two tiers can keep without recomputing — ``max(1, host / GPU)`` with HiCache's default
+    write-through (it mirrors the GPU on the host, so host memory up to the GPU's adds no room),
+    ``1 + host / GPU`` with write-back (the host takes what leaves the GPU) — plus
     ``overcommit_headroom`` GPUs' worth of KV that is recomputed when evicted without a host
     copy. Neither level goes below the GPU. Programs with no history count as busy (ι = 0), so
     a cold start is sized like ThunderAgent.
@@ -149,7 +150,8 @@ def working_set_capacity(view: View) -> dict[str, TierCapacity]:
     share = max(busy / tokens if tokens else 1.0, 1e-3)
     out = {}
     for worker_id, w in view.workers.items():
-        cap = max(1.0, w.cpu_tokens / w.gpu_tokens if w.gpu_tokens else 0.0) + cfg.overcommit_headroom
+        host = w.cpu_tokens / w.gpu_tokens if w.gpu_tokens else 0.0
+        cap = (1.0 + host if w.write_back else max(1.0, host)) + cfg.overcommit_headroom
         fill, ceiling = (int(w.gpu_tokens * min(max(margin / share, 1.0), cap)) for margin in (cfg.busy_margin, 1.0))
         out[worker_id] = TierCapacity(fill, ceiling)
     return out

@@ -16,7 +16,11 @@ policy copies every newly cached block to host memory as it is cached (here: whe
 that computed it ends), so GPU eviction writes nothing and a block evicted from the GPU without
 a host copy (the host was full) is gone. Host eviction only removes host copies of blocks that
 are already off the GPU; MORI's engine patch (``host_evicts_gpu_copies``) lets it drop the host
-copies of GPU-resident programs first instead, in the scheduler's tier ranks.
+copies of GPU-resident programs first instead, in the scheduler's tier ranks. With
+``--hicache-write-policy write_back`` (``write_back``) nothing is copied when cached: a block is
+written to host memory when it is evicted from the GPU, and the eviction waits for the copy
+(``HiRadixCache.evict`` calls ``writing_check(write_back=True)``, which blocks the scheduler), so
+the host pool holds what left the GPU instead of mirroring it.
 
 Eviction priority comes two ways. Stock SGLang (``--radix-eviction-policy priority``) takes it
 from requests, and a cached prefix keeps the highest priority any request gave it (the
@@ -95,6 +99,7 @@ class Worker:
     offload: bool = False
     typed_eviction: bool = False
     host_evicts_gpu_copies: bool = False  # MORI's patch: host copies of GPU-resident KV may go first
+    write_back: bool = False  # HiCache ``--hicache-write-policy write_back`` (else write_through)
     priorities: dict[str, int] = field(default_factory=dict)   # GPU eviction: lowest first
     host_ranks: dict[str, int] = field(default_factory=dict)   # host eviction: lowest first
     segments: dict[str, Segment] = field(default_factory=dict)
@@ -103,6 +108,7 @@ class Worker:
     queue: deque[Request] = field(default_factory=deque)
     t: float = 0.0
     link_free_at: float = 0.0
+    stalled_until: float = 0.0  # a write-back eviction blocks the scheduler until its copy is done
     gpu_used: int = 0
     host_used: int = 0
     stats: EngineStats = field(default_factory=EngineStats)
@@ -124,8 +130,12 @@ class Worker:
         return {r.program_id for r in self.running} | {r.program_id for r in self.queue}
 
     def _evict(self, need: int, keep: set[str], keep_agent: str | None) -> None:
-        """Free ``need`` tokens of idle KV, tail first. Nothing is written here: with offloading
-        the blocks were copied to host memory when they were cached (write-through)."""
+        """Free ``need`` tokens of idle KV, tail first. With write-through nothing is written
+        here (the blocks were copied to host memory when they were cached); with write-back a
+        victim's blocks without a host copy are copied first and the worker stalls until the
+        copy is done. The copy takes the victim's whole uncopied context, not only the evicted
+        tail, because a host copy here is a prefix of the context: it costs write-back a little
+        more link time and host room than SGLang's leaf-by-leaf eviction does."""
         if need <= 0:
             return
         busy = self._busy_programs() | keep
@@ -148,27 +158,36 @@ class Worker:
                 need -= prefix.tokens
                 continue
             seg = self.segments[key]
+            if self.offload and self.write_back:
+                self._write_back(key, seg)
             take = min(seg.gpu, need)
             seg.gpu -= take
             self.gpu_used -= take
             need -= take
 
-    def _to_host(self, pid: str, seg: Segment, tokens: int) -> None:
-        """Write-through: copy the first ``tokens`` of ``pid``'s context to host memory (what is
-        already there is not resent), evicting other host copies to make room; what still does
-        not fit is not copied."""
+    def _to_host(self, pid: str, seg: Segment, tokens: int) -> int:
+        """Copy the first ``tokens`` of ``pid``'s context to host memory (what is already there
+        is not resent), evicting other host copies to make room; what still does not fit is not
+        copied. Returns the tokens copied."""
         extra = max(tokens - seg.host, 0)
         if extra == 0:
-            return
+            return 0
         short = extra - (self.host_tokens - self.host_used)
         if short > 0:
             self._evict_host(short, pid)
             extra = min(extra, self.host_tokens - self.host_used)
         if extra <= 0:
-            return
+            return 0
         seg.host += extra
         self.host_used += extra
         self.stats.transfer_bytes += extra * self.profile.kv_bytes_per_token
+        return extra
+
+    def _write_back(self, pid: str, seg: Segment) -> None:
+        """Write-back eviction: copy the victim's GPU KV to host memory; the scheduler waits."""
+        copied = self._to_host(pid, seg, seg.gpu)
+        if copied:
+            self.stalled_until = max(self.stalled_until, self.t) + self.profile.load_s(copied)
 
     def _evict_host(self, short: int, keep: str) -> None:
         """Free ``short`` host tokens, tail first, in LRU order (tier ranks first when the policy
@@ -368,6 +387,8 @@ class Worker:
         return steps
 
     def next_event_time(self) -> float | None:
+        if self.stalled_until > self.t:
+            return self.stalled_until
         plan = self._step_plan()
         loads = self._pending_loads()
         if plan is None:
@@ -379,6 +400,9 @@ class Worker:
         """Run the batch up to ``now`` (whole steps only); returns requests that finished."""
         finished: list[Request] = []
         while self.t < now:
+            if self.stalled_until > self.t:  # a write-back eviction holds the scheduler
+                self.t = min(self.stalled_until, now)
+                continue
             plan = self._step_plan()
             loads = self._pending_loads()
             if plan is None:
@@ -419,7 +443,7 @@ class Worker:
         prefix.last = self.t
         seg = self.segments[req.program_id]
         seg.last = self.t
-        if self.offload:
+        if self.offload and not self.write_back:
             self._to_host(req.program_id, seg, seg.gpu)
         if req.background is None:
             self.stats.output_tokens += req.output

@@ -56,7 +56,9 @@ class SimPolicy:
     """How a simulator policy maps onto a runtime policy and the engine's own behaviour."""
 
     runtime: str
-    offload: bool = False        # HiCache write-through to host memory
+    offload: bool = False        # HiCache: host memory under the GPU's KV cache
+    write_back: bool = False     # HiCache ``--hicache-write-policy write_back`` (else SGLang's default
+                                 # write_through): host memory takes what leaves the GPU
     typed: bool = False          # eviction follows the scheduler's priorities
     tiering: bool = False        # promotions load KV back from host memory ahead of the request
     oracle: bool = False         # the runtime is told each tool's true duration
@@ -78,7 +80,7 @@ class SimPolicy:
 TA_PERIOD_S, TA_HOLD_S = 5.0, 1800.0
 MAITRED_PERIOD_S, MAITRED_HOLD_S, MAITRED_URGENT_S = 1.0, 1800.0, 0.05
 CLAIRVOYANT_PERIOD_S = 1.0
-MAITRED_SIM = SimPolicy("maitred", offload=True, typed=True, tiering=True, period_s=MAITRED_PERIOD_S,
+MAITRED_SIM = SimPolicy("maitred", offload=True, write_back=True, typed=True, tiering=True, period_s=MAITRED_PERIOD_S,
                         hold_s=MAITRED_HOLD_S, urgent_s=MAITRED_URGENT_S, arrival_admission=True, handoff_step=True)
 
 SIM_POLICIES: dict[str, SimPolicy] = {
@@ -93,15 +95,18 @@ SIM_POLICIES: dict[str, SimPolicy] = {
     "maitred": MAITRED_SIM,
     # maitred with its warmups off: what pre-prefill is worth, measured against ``maitred``
     "maitred_no_preprefill": replace(MAITRED_SIM, preprefill=False),
+    # maitred on workers left at HiCache's default write_through: what write_back is worth
+    "maitred_write_through": replace(MAITRED_SIM, write_back=False),
     "oracle": replace(MAITRED_SIM, oracle=True),
     # the reference every policy is read against: told each program's next request time
     "clairvoyant": SimPolicy("clairvoyant", offload=True, typed=True, tiering=True, labels=True,
                              period_s=CLAIRVOYANT_PERIOD_S, hold_s=TA_HOLD_S, urgent_s=MAITRED_URGENT_S),
 }
 
-#: What ``maitred bench replay`` runs unless told: every policy but the ablation variants
-#: (``maitred_no_preprefill`` is asked for by name, e.g. on the handoff workload).
-DEFAULT_POLICIES = tuple(name for name in SIM_POLICIES if name != "maitred_no_preprefill")
+#: maitred with one of its parts turned off, asked for by name (e.g. on the handoff workload)
+ABLATIONS = frozenset({"maitred_no_preprefill", "maitred_write_through"})
+#: What ``maitred bench replay`` runs unless told: every policy but the ablation variants.
+DEFAULT_POLICIES = tuple(name for name in SIM_POLICIES if name not in ABLATIONS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,11 +210,11 @@ class Replay:
         self.gpu_tokens = gpu
         self.workers = {
             f"w{i}": Worker(f"w{i}", profile, gpu, host, offload=self.sim.offload, typed_eviction=self.sim.typed,
-                            host_evicts_gpu_copies=self.sim.labels)
+                            host_evicts_gpu_copies=self.sim.labels, write_back=self.sim.write_back)
             for i in range(cfg.workers)
         }
         self.state = RuntimeState(
-            [WorkerState(w, gpu_tokens=gpu, cpu_tokens=host) for w in self.workers],
+            [WorkerState(w, gpu_tokens=gpu, cpu_tokens=host, write_back=self.sim.write_back) for w in self.workers],
             replace(SignalConfig(period_s=cfg.period), **cfg.sizing), use_signature=cfg.use_signature,
         )
         self.clairvoyant = Clairvoyant() if self.sim.runtime == "clairvoyant" else None
