@@ -70,16 +70,19 @@ def test_a_block_evicted_without_a_host_copy_is_gone():
 
 def test_write_back_copies_only_what_leaves_the_gpu_and_the_scheduler_waits_for_it():
     """``--hicache-write-policy write_back``: nothing is copied when p's KV is cached; when q
-    needs the room, p's KV is copied to host memory first and the worker stalls for the copy
-    (no step runs until it is done); p's next prompt loads it back instead of recomputing."""
+    needs the room, the evicted tail of p's KV (and only it) is copied to host memory first and
+    the worker stalls for the copy (no step runs until it is done); p's next prompt loads it
+    back instead of recomputing."""
     w = Worker("w", PROFILE, gpu_tokens=12_000, host_tokens=12_000, offload=True, write_back=True)
     finish(w, req("p", 9_000))
     assert w.host_used == 0 and w.stats.transfer_bytes == 0
     t0 = w.t
     q = finish(w, req("q", 5_000, output=1), t=t0)
     seg = w.segments["p"]
-    assert seg.host == 9_010 and seg.gpu < 9_010
-    assert w.stalled_until == pytest.approx(t0 + PROFILE.load_s(9_010))
+    evicted = 9_010 - seg.gpu
+    assert evicted == 5_001 - (12_000 - 9_010)
+    assert (seg.host_from, seg.host, w.host_used) == (seg.gpu, 9_010, evicted)
+    assert w.stalled_until == pytest.approx(t0 + PROFILE.load_s(evicted))
     assert q.first_token_at is not None and q.first_token_at >= w.stalled_until
     gpu_part = seg.gpu
     again = finish(w, req("p", 9_010, output=1), t=w.t)

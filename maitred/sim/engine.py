@@ -66,8 +66,9 @@ class Segment:
     """A program's private KV (its context beyond the shared prefix) on this worker."""
 
     agent: str
-    gpu: int = 0
-    host: int = 0
+    gpu: int = 0            # context tokens [0, gpu) are on the GPU
+    host: int = 0           # and [host_from, host) in host memory
+    host_from: int = 0      # 0 with write-through; write-back copies from the first evicted token
     last: float = 0.0
     loading_until: float = 0.0
 
@@ -131,11 +132,9 @@ class Worker:
 
     def _evict(self, need: int, keep: set[str], keep_agent: str | None) -> None:
         """Free ``need`` tokens of idle KV, tail first. With write-through nothing is written
-        here (the blocks were copied to host memory when they were cached); with write-back a
-        victim's blocks without a host copy are copied first and the worker stalls until the
-        copy is done. The copy takes the victim's whole uncopied context, not only the evicted
-        tail, because a host copy here is a prefix of the context: it costs write-back a little
-        more link time and host room than SGLang's leaf-by-leaf eviction does."""
+        here (the blocks were copied to host memory when they were cached); with write-back the
+        evicted blocks without a host copy are copied first and the worker stalls until the
+        copy is done."""
         if need <= 0:
             return
         busy = self._busy_programs() | keep
@@ -158,9 +157,9 @@ class Worker:
                 need -= prefix.tokens
                 continue
             seg = self.segments[key]
-            if self.offload and self.write_back:
-                self._write_back(key, seg)
             take = min(seg.gpu, need)
+            if self.offload and self.write_back:
+                self._write_back(key, seg, seg.gpu - take)
             seg.gpu -= take
             self.gpu_used -= take
             need -= take
@@ -183,11 +182,29 @@ class Worker:
         self.stats.transfer_bytes += extra * self.profile.kv_bytes_per_token
         return extra
 
-    def _write_back(self, pid: str, seg: Segment) -> None:
-        """Write-back eviction: copy the victim's GPU KV to host memory; the scheduler waits."""
-        copied = self._to_host(pid, seg, seg.gpu)
-        if copied:
-            self.stalled_until = max(self.stalled_until, self.t) + self.profile.load_s(copied)
+    def _write_back(self, pid: str, seg: Segment, start: int) -> None:
+        """Write-back eviction of ``pid``'s GPU tokens from ``start`` on: copy what has no host
+        copy yet, so the host copy becomes one range with them; the scheduler waits for the
+        copy. In the rare case of a gap between an older copy and the evicted tokens, the gap
+        (still on the GPU) is copied too; an older copy that no longer joins the GPU part (the
+        GPU tokens before it were lost) is given up. Without room for the copy the blocks are
+        lost, as when SGLang cannot allocate host memory for them."""
+        if seg.host_from > seg.gpu:
+            self.host_used -= seg.host - seg.host_from
+            seg.host = seg.host_from = 0
+        lo, hi = (min(seg.host_from, start), max(seg.host, seg.gpu)) if seg.host > seg.host_from else (start, seg.gpu)
+        copied = (hi - lo) - (seg.host - seg.host_from)
+        if copied <= 0:
+            return
+        short = copied - (self.host_tokens - self.host_used)
+        if short > 0:
+            self._evict_host(short, pid)
+            if copied > self.host_tokens - self.host_used:
+                return
+        seg.host_from, seg.host = lo, hi
+        self.host_used += copied
+        self.stats.transfer_bytes += copied * self.profile.kv_bytes_per_token
+        self.stalled_until = max(self.stalled_until, self.t) + self.profile.load_s(copied)
 
     def _evict_host(self, short: int, keep: str) -> None:
         """Free ``short`` host tokens, tail first, in LRU order (tier ranks first when the policy
@@ -203,20 +220,28 @@ class Worker:
                 break
             if other_pid == keep or other_pid in busy:
                 continue
-            floor = 0 if self.host_evicts_gpu_copies else other.gpu
+            floor = max(0 if self.host_evicts_gpu_copies else other.gpu, other.host_from)
             take = min(max(other.host - floor, 0), short)
             other.host -= take
             self.host_used -= take
             short -= take
+            if other.host <= other.host_from:
+                other.host = other.host_from = 0
 
     def _segment(self, pid: str, agent: str) -> Segment:
         seg = self.segments.get(pid)
         if seg is None or seg.agent != agent:
             if seg is not None:  # a new agent's prompt: the old KV is under another prefix
                 self.gpu_used -= seg.gpu
-                self.host_used -= seg.host
+                self.host_used -= seg.host - seg.host_from
             seg = self.segments[pid] = Segment(agent)
         return seg
+
+    def _host_after(self, seg: Segment, gpu: int, upto: int) -> int:
+        """Tokens of ``seg`` in host memory that continue its GPU part ``[0, gpu)``, up to ``upto``."""
+        if not self.offload or seg.host_from > gpu:
+            return 0
+        return min(max(seg.host - gpu, 0), max(upto - gpu, 0))
 
     def _load(self, seg: Segment, tokens: int, now: float) -> float:
         start = max(now, self.link_free_at)
@@ -249,7 +274,7 @@ class Worker:
         shared = prefix.resident
         private = max(req.context - prefix.tokens, 0)
         gpu_hit = min(seg.gpu, private)
-        host_hit = min(max(seg.host - gpu_hit, 0), private - gpu_hit) if self.offload else 0
+        host_hit = self._host_after(seg, gpu_hit, private)
         need = (0 if shared else prefix.tokens) + private + req.output - seg.gpu
         if need > self.free():
             self._evict(need - self.free(), {req.program_id}, req.agent)
@@ -312,8 +337,8 @@ class Worker:
         if seg is None or pid in self._busy_programs():
             return
         self.gpu_used -= seg.gpu
-        self.host_used -= seg.host
-        seg.gpu = seg.host = 0
+        self.host_used -= seg.host - seg.host_from
+        seg.gpu = seg.host = seg.host_from = 0
 
     def forget(self, pid: str) -> bool:
         """Remove a program that holds no KV here and has nothing queued or running, so a
@@ -330,9 +355,9 @@ class Worker:
         """Host → GPU ahead of the request; False when there is nothing to load or no room.
         The caller has advanced the worker to ``now``."""
         seg = self.segments.get(pid)
-        if seg is None or seg.host <= seg.gpu:
+        tokens = self._host_after(seg, seg.gpu, seg.host) if seg is not None else 0
+        if seg is None or tokens == 0:
             return False
-        tokens = seg.host - seg.gpu
         if tokens > self.free():
             self._evict(tokens - self.free(), {pid}, seg.agent)
             if tokens > self.free():

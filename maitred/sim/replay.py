@@ -39,6 +39,7 @@ import numpy as np
 from maitred.events import Handoff, LLMEnd, ProgramEnd, ProgramResume, ProgramStart, ProgramWait, ToolEnd, ToolProgress, ToolStart
 from maitred.runtime import RuntimeState, Scheduler, SignalConfig, Tier, WorkerState
 from maitred.runtime.decisions import Decision
+from maitred.runtime.hicache import write_back_for
 from maitred.runtime.policies import Maitred, Policy
 from maitred.runtime.policies.clairvoyant import Clairvoyant
 from maitred.sim.engine import Request, Worker
@@ -57,8 +58,8 @@ class SimPolicy:
 
     runtime: str
     offload: bool = False        # HiCache: host memory under the GPU's KV cache
-    write_back: bool = False     # HiCache ``--hicache-write-policy write_back`` (else SGLang's default
-                                 # write_through): host memory takes what leaves the GPU
+    write_back: bool = False     # HiCache ``--hicache-write-policy write_back`` where maitred picks it
+                                 # (``maitred.runtime.hicache``), else SGLang's default write_through
     typed: bool = False          # eviction follows the scheduler's priorities
     tiering: bool = False        # promotions load KV back from host memory ahead of the request
     oracle: bool = False         # the runtime is told each tool's true duration
@@ -208,13 +209,14 @@ class Replay:
             raise ValueError(f"gpu_tokens: {gpu:,} per worker cannot hold the trace's longest step "
                              f"({longest:,} tokens of prompt and output); raise --gpu-tokens or use another profile")
         self.gpu_tokens = gpu
+        write_back = self.sim.write_back and write_back_for(cfg.cpu_ratio)
         self.workers = {
             f"w{i}": Worker(f"w{i}", profile, gpu, host, offload=self.sim.offload, typed_eviction=self.sim.typed,
-                            host_evicts_gpu_copies=self.sim.labels, write_back=self.sim.write_back)
+                            host_evicts_gpu_copies=self.sim.labels, write_back=write_back)
             for i in range(cfg.workers)
         }
         self.state = RuntimeState(
-            [WorkerState(w, gpu_tokens=gpu, cpu_tokens=host, write_back=self.sim.write_back) for w in self.workers],
+            [WorkerState(w, gpu_tokens=gpu, cpu_tokens=host, write_back=write_back) for w in self.workers],
             replace(SignalConfig(period_s=cfg.period), **cfg.sizing), use_signature=cfg.use_signature,
         )
         self.clairvoyant = Clairvoyant() if self.sim.runtime == "clairvoyant" else None
