@@ -99,8 +99,9 @@ SIM_POLICIES: dict[str, SimPolicy] = {
     # maitred on workers left at HiCache's default write_through: what write_back is worth
     "maitred_write_through": replace(MAITRED_SIM, write_back=False),
     "oracle": replace(MAITRED_SIM, oracle=True),
-    # the reference every policy is read against: told each program's next request time
-    "clairvoyant": SimPolicy("clairvoyant", offload=True, typed=True, tiering=True, labels=True,
+    # the reference every policy is read against: told each program's next request time, on
+    # the workers maitred runs (write-back below 2× host: more room for it too)
+    "clairvoyant": SimPolicy("clairvoyant", offload=True, write_back=True, typed=True, tiering=True, labels=True,
                              period_s=CLAIRVOYANT_PERIOD_S, hold_s=TA_HOLD_S, urgent_s=MAITRED_URGENT_S),
 }
 

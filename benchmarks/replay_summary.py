@@ -1,0 +1,68 @@
+"""The cross-matrix tables of BENCHMARKS.md ("Replay matrix"), from the ``results.json`` of
+``maitred bench replay`` runs, so the figures there are copied from the runs, not retyped.
+
+    python benchmarks/replay_summary.py docs/replay/synthetic docs/replay/swe ...
+
+For each folder (label: its name), every cell under memory pressure (C ≥ 50): maitred's
+throughput, the best baseline's, the ratio, maitred's mean TTFT against that baseline's and the
+best TTFT of any baseline, maitred as a share of ``clairvoyant`` and ``unlimited``, and
+maitred's tier moves per hour. Then the range of the ratio over all cells.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from maitred.sim.bench import UNLIMITED, best_baseline
+
+
+def _cell(runs: list[dict], policy: str, c: int, r: float) -> dict | None:
+    return next((x for x in runs if x["policy"] == policy and x["concurrency"] == c
+                 and (policy == UNLIMITED or x["cpu_ratio"] == r)), None)
+
+
+def rows(folder: Path) -> list[tuple[str, float]]:
+    data = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+    runs, matrix = data["runs"], data["matrix"]
+    out = []
+    for c in matrix["concurrencies"]:
+        if matrix["workers"] == 1 and c < 50:
+            continue
+        for r in matrix["cpu_ratios"]:
+            ours, best = _cell(runs, "maitred", c, r), best_baseline(runs, c, r, "throughput_tok_s")
+            fastest = best_baseline(runs, c, r, "ttft_mean_s", lower=True)
+            if ours is None or best is None or fastest is None:
+                continue
+            hours = ours["duration_s"] / 3600
+            seer, limit = _cell(runs, "clairvoyant", c, r), _cell(runs, UNLIMITED, c, r)
+            ratio = ours["throughput_tok_s"] / best["throughput_tok_s"]
+            ttft = (ours["ttft_mean_s"] / best["ttft_mean_s"] - 1) * 100
+            print(f"| {folder.name} | {c} ×{r:g} | {ours['throughput_tok_s']:.0f} | {best['policy']} "
+                  f"{best['throughput_tok_s']:.0f} | **{ratio:.2f}×** | {ours['ttft_mean_s']:.2f} s ({ttft:+.0f}%; best "
+                  f"{fastest['policy']} {fastest['ttft_mean_s']:.2f}) | "
+                  + (f"{ours['throughput_tok_s'] / seer['throughput_tok_s']:.2f}" if seer else "-") + " | "
+                  + (f"{ours['throughput_tok_s'] / limit['throughput_tok_s']:.2f}" if limit else "-")
+                  + f" | {ours['tier_moves'] / hours:,.0f} |")
+            out.append((f"{folder.name} C={c} ×{r:g}", ratio))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folders", nargs="+", type=Path, help="output folders of maitred bench replay")
+    args = parser.parse_args(argv)
+    print("| matrix | C ×host | maitred tok/s | best baseline | × | maitred mean TTFT (vs that baseline; best TTFT) "
+          "| × clairvoyant | × unlimited | tier moves/h |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    cells = [cell for folder in args.folders for cell in rows(folder)]
+    if not cells:
+        print("no cell with maitred and a baseline", file=sys.stderr)
+        return 1
+    low, high = min(cells, key=lambda x: x[1]), max(cells, key=lambda x: x[1])
+    print(f"\nmaitred / best baseline: {low[1]:.2f}× ({low[0]}) to {high[1]:.2f}× ({high[0]}) over {len(cells)} cells")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
