@@ -3,6 +3,7 @@ stand-in for a GPU) and the gateway, each under uvicorn — and real HTTP client
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -16,9 +17,10 @@ from maitred.runtime.service.app import Gateway, ServeConfig, build_app
 from maitred.runtime.service.background import BackgroundServer, free_port
 from maitred.runtime.service.gateway import ProxyConfig
 from maitred.runtime.service.guard import HTTPProblem
-from maitred.runtime.service.loop import RuntimeConfig
+from maitred.runtime.service.loop import Runtime, RuntimeConfig
 from maitred.runtime.service.programid import take_program_id
-from maitred.runtime.service.simworker import SimWorkerConfig, create_app
+from maitred.runtime.service.sglang import SGLangWorker
+from maitred.runtime.service.simworker import SimWorkerConfig, SimWorkerThread, create_app
 from maitred.storage import SessionStore
 
 pytestmark = pytest.mark.anyio
@@ -307,6 +309,41 @@ async def test_with_no_worker_answering_a_request_gets_503_naming_the_workers():
             r = await client.post("/v1/chat/completions", json=chat("p", [{"role": "user", "content": "hi"}]))
     assert r.status_code == 503 and r.headers["retry-after"] == "1"
     assert r.json()["error"]["message"] == f"no worker can take the request: no healthy worker (not answering: {dead})"
+
+
+@pytest.mark.parametrize("policy", ["maitred", "round_robin"])
+async def test_each_workers_hicache_write_policy_reaches_its_state_and_a_mirroring_host_pool_is_warned_about(policy, caplog):
+    """A worker started with ``--hicache-write-policy write_back`` is marked so (its host pool adds
+    to the GPU's in maitred's tier sizing). Under maitred, one whose host pool is small enough for
+    maitred to pick write-back but runs write-through gets one warning naming the flag, none
+    after it comes back; one with a host pool large enough for write-through gets none."""
+    def sim(cpu_tokens: int, write_policy: str) -> SimWorkerThread:
+        return SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=50_000, cpu_tokens=cpu_tokens, time_scale=20.0,
+                                               hicache_write_policy=write_policy))
+
+    with sim(75_000, "write_back") as back, sim(75_000, "write_through") as through, \
+            sim(100_000, "write_through") as large, caplog.at_level(logging.INFO, "maitred.service"):
+        async with httpx.AsyncClient() as client:
+            runtime = Runtime({w.url: SGLangWorker(w.url, client) for w in (back, through, large)},
+                              RuntimeConfig(policy=policy, tick_s=0.2, poll_s=0.2))
+            await runtime.start()
+            try:
+                workers = runtime.state.workers
+                assert [workers[w.url].write_back for w in (back, through, large)] == [True, False, False]
+                assert [workers[w.url].cpu_tokens for w in (back, through, large)] == [75_000, 75_000, 100_000]
+                runtime.worker_failed(through.url, reason="test")
+                await until(lambda: workers[through.url].healthy)  # back: its capacity is read again
+            finally:
+                await runtime.stop()
+    up = [r.getMessage() for r in caplog.records if " is up " in r.getMessage()]
+    assert f"maitred: worker {back.url} is up (50000 GPU tokens, 75000 host tokens, HiCache write_back)" in up
+    assert sum(f"worker {through.url} is up" in m and "HiCache write_through" in m for m in up) == 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "write_back" in r.getMessage()]
+    if policy == "maitred":
+        assert len(warnings) == 1 and through.url in warnings[0] and "1.5 GPUs" in warnings[0]
+        assert "--hicache-write-policy write_back" in warnings[0] and "only the part beyond the GPU" in warnings[0]
+    else:
+        assert warnings == []
 
 
 async def test_a_policy_that_raises_degrades_to_plain_routing(cluster):

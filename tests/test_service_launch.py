@@ -90,6 +90,7 @@ def test_launch_line_carries_the_flags_maitred_relies_on():
     for flag in REQUIRED_FLAGS:
         assert flag in argv
     assert argv[argv.index("--hicache-ratio") + 1] == "2.5" and argv[-2:] == ("--tp-size", "1")
+    assert argv[argv.index("--hicache-write-policy") + 1] == "write_through"  # from 2 GPUs of host memory on
     assert "--enable-priority-scheduling" not in argv
     assert specs[0].shell_line().startswith("CUDA_VISIBLE_DEVICES=0 ")
     assert launch.urls() == ["http://127.0.0.1:31000", "http://127.0.0.1:31001"]
@@ -97,6 +98,15 @@ def test_launch_line_carries_the_flags_maitred_relies_on():
                       (dict(base_port=65535), "--sglang-base-port")]:
         with pytest.raises(ValueError, match=flag):
             SGLangLaunch("/m", **{"gpus": ("0",), **bad})
+
+
+@pytest.mark.parametrize(("ratio", "policy"), [(1.01, "write_back"), (1.5, "write_back"), (1.99, "write_back"),
+                                               (2, "write_through"), (4, "write_through")])
+def test_a_host_pool_under_twice_the_gpu_is_written_back(ratio, policy):
+    """maitred.runtime.hicache's rule: write-back makes a small host pool add to the GPU's
+    instead of mirroring it; from 2 GPUs of host memory on, write-through costs less."""
+    argv = SGLangLaunch("/models/qwen", ("0",), hicache_ratio=ratio).specs()[0].argv
+    assert argv[argv.index("--hicache-write-policy") + 1] == policy
 
 
 def test_child_servers_start_healthy_and_stop_with_their_process_groups(standin):
@@ -172,11 +182,17 @@ def test_serve_refuses_bad_flags_naming_the_flag(argv, flag, monkeypatch):
 def test_sglang_args_prints_the_launch_lines_and_the_serve_line():
     code = ("import argparse, sys; from maitred.runtime.service.serve import add_sglang_args_arguments, run_sglang_args; "
             "p = argparse.ArgumentParser(); add_sglang_args_arguments(p); sys.exit(run_sglang_args(p.parse_args(sys.argv[1:])))")
-    out = subprocess.run([sys.executable, "-c", code, "/models/qwen", "--gpus", "0,1"], capture_output=True, text=True,
-                         check=True).stdout.splitlines()
+
+    def sglang_args(*argv: str) -> list[str]:
+        return subprocess.run([sys.executable, "-c", code, "/models/qwen", *argv], capture_output=True, text=True,
+                              check=True).stdout.splitlines()
+
+    out = sglang_args("--gpus", "0,1")
     assert len(out) == 3 and out[0].startswith("CUDA_VISIBLE_DEVICES=0 ") and "--port 30001" in out[1]
     assert all(flag in out[0] for flag in REQUIRED_FLAGS)
+    assert "--hicache-ratio 2 --hicache-write-policy write_through " in out[0]
     assert out[2] == "maitred serve --priority --worker http://127.0.0.1:30000 --worker http://127.0.0.1:30001"
+    assert "--hicache-ratio 1.5 --hicache-write-policy write_back " in sglang_args("--hicache-ratio", "1.5")[0]
 
 
 def test_policy_names_of_the_cli_are_the_policies():

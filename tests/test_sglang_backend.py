@@ -118,7 +118,20 @@ sglang:hicache_host_total_tokens{{{LABELS},dp_rank="1"}} 1839648.0
 # -- parsing ---------------------------------------------------------------------------------
 
 def test_server_info_gives_gpu_capacity_from_internal_states_and_host_from_the_hicache_ratio() -> None:
-    assert parse_server_info(SERVER_INFO) == WorkerCapacity(919_824, 1_839_648, 1, "Qwen/Qwen2.5-7B-Instruct")
+    assert parse_server_info(SERVER_INFO) == WorkerCapacity(919_824, 1_839_648, 1, "Qwen/Qwen2.5-7B-Instruct", "write_through")
+
+
+def test_server_info_says_whether_the_host_pool_is_written_back_or_mirrors_the_gpu() -> None:
+    """``--hicache-write-policy``: only write_back with HiCache on makes host memory add to the GPU's."""
+    assert parse_server_info(SERVER_INFO).write_policy == "write_through"
+    assert parse_server_info(SERVER_INFO).write_back is False
+    written_back = parse_server_info(dict(SERVER_INFO, hicache_write_policy="write_back"))
+    assert (written_back.write_policy, written_back.write_back) == ("write_back", True)
+    assert parse_server_info(dict(SERVER_INFO, hicache_write_policy="write_through_selective")).write_back is False
+    hicache_off = parse_server_info(dict(SERVER_INFO, hicache_write_policy="write_back", enable_hierarchical_cache=False))
+    assert (hicache_off.write_policy, hicache_off.write_back) == (None, False)
+    not_said = parse_server_info({k: v for k, v in SERVER_INFO.items() if k != "hicache_write_policy"})
+    assert (not_said.write_policy, not_said.write_back) == (None, False)
 
 
 def test_server_info_sums_data_parallel_ranks() -> None:
@@ -149,6 +162,8 @@ def test_host_capacity_is_unknown_when_the_pool_is_sized_in_gigabytes() -> None:
     ({"internal_states": [{"memory_usage": {"token_capacity": -1}}]}, "internal_states[0].memory_usage.token_capacity"),
     ({"internal_states": [{"memory_usage": {}}]}, "token_capacity"),
     ({"internal_states": "x"}, "internal_states"),
+    ({"hicache_write_policy": True}, "hicache_write_policy"),
+    ({"hicache_write_policy": ["write_back"], "enable_hierarchical_cache": False}, "hicache_write_policy"),
 ])
 def test_malformed_server_info_names_the_field(change: dict[str, Any], field: str) -> None:
     with pytest.raises(WorkerProtocolError, match=field.replace("[", r"\[").replace("]", r"\]")):
@@ -305,7 +320,7 @@ def test_client_against_a_running_sim_worker() -> None:
                 await worker.healthy()
 
     kv_port = free_port()
-    config = SimWorkerConfig(port=0, gpu_tokens=50_000, cpu_tokens=120_000, time_scale=20.0,
+    config = SimWorkerConfig(port=0, gpu_tokens=50_000, cpu_tokens=120_000, time_scale=20.0, hicache_write_policy="write_back",
                              kv_events_config=f'{{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:{kv_port}"}}')
     with SimWorkerThread(config) as w:
         first, second, capacity, load, host, healthy = asyncio.run(check(w.url))
@@ -317,7 +332,7 @@ def test_client_against_a_running_sim_worker() -> None:
         assert asyncio.run(endpoints()) == [f"tcp://127.0.0.1:{kv_port}"]
         url = w.url
     assert (first, second) == (0, 400)  # "shared context " is two tokens; the repeat is all cached
-    assert capacity == WorkerCapacity(50_000, 120_000, 1, config.model_path)
+    assert capacity == WorkerCapacity(50_000, 120_000, 1, config.model_path, "write_back")
     assert (load.running, load.waiting, load.ranks) == (0, 0, 1)
     assert load.cache_hit_rate == pytest.approx(0.5)
     assert host == 120_000

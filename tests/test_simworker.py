@@ -253,6 +253,35 @@ def test_evicted_kv_is_loaded_back_from_host_memory_with_hicache() -> None:
         'model_name="maitred-sim-worker",pp_rank="0",tp_rank="0",', "").replace('{,', "{")
 
 
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_hicache_write_policy_decides_when_kv_is_copied_to_host_memory(policy: str) -> None:
+    """write_through copies a program's KV to host memory once it is cached; write_back only when
+    it is evicted from the GPU. Either way the evicted program finds it in host memory."""
+    config = SimWorkerConfig(port=0, gpu_tokens=3_000, cpu_tokens=10_000, time_scale=50.0, hicache_write_policy=policy)
+    with SimWorkerThread(config) as w, httpx.Client() as client:
+        def generate(text: str) -> dict[str, Any]:
+            return client.post(w.url + "/generate", json={"text": text, "sampling_params": {"max_new_tokens": 8}}).json()
+
+        def host_used() -> float:
+            samples = {s.name: s.value for f in text_string_to_metric_families(client.get(w.url + "/metrics").text)
+                       for s in f.samples}
+            return samples["sglang:hicache_host_used_tokens"]
+
+        info = client.get(w.url + "/server_info").json()
+        a = _words("a", 1400)
+        out = generate(a)
+        cached_only = host_used()
+        generate(_words("b", 1400))
+        generate(_words("c", 1400))
+        evicted = host_used()
+        again = generate(a + out["text"] + " continue")
+    assert info["hicache_write_policy"] == policy and f"--hicache-write-policy {policy}" in info["launch_command"]
+    assert parse_server_info(info).write_back is (policy == "write_back")
+    assert cached_only == (0 if policy == "write_back" else 1408)
+    assert evicted > 0  # write_back: what C's request pushed off the GPU
+    assert again["meta_info"]["cached_tokens_details"]["host"] > 0
+
+
 @pytest.mark.parametrize("cpu_tokens", [0, 10_000])
 def test_kv_events_tell_what_the_next_request_will_find_cached(cpu_tokens: int) -> None:
     """With --kv-events-config the double publishes SGLang-format KV events; the residency the
@@ -600,6 +629,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     (["--cpu-tokens", "-1"], "--cpu-tokens"), (["--time-scale", "0"], "--time-scale"), (["--time-scale", "nan"], "--time-scale"),
     (["--time-scale", "inf"], "--time-scale"), (["--time-scale", "-2"], "--time-scale"), (["--port", "0"], "--port"),
     (["--port", "70000"], "--port"), (["--radix-eviction-policy", "lfu"], "--radix-eviction-policy"),
+    (["--hicache-write-policy", "write_through_selective"], "--hicache-write-policy"),
 ])
 def test_cli_refuses_bad_flags_naming_them(argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
@@ -611,9 +641,12 @@ def test_cli_refuses_bad_flags_naming_them(argv: list[str], flag: str, capsys: p
 def test_cli_defaults_and_values() -> None:
     config = config_from_args(_parse(["--gpu-tokens", "1_000", "--cpu-tokens", "0", "--time-scale", "2.5", "--script-tools"]))
     assert (config.gpu_tokens, config.cpu_tokens, config.time_scale, config.script_tools) == (1000, 0, 2.5, True)
-    assert (config.host, config.port) == ("127.0.0.1", 30000)
+    assert (config.host, config.port, config.hicache_write_policy) == ("127.0.0.1", 30000, "write_through")
+    assert config_from_args(_parse(["--hicache-write-policy", "write_back"])).hicache_write_policy == "write_back"
     with pytest.raises(ValueError, match="time_scale"):
         SimWorkerConfig(time_scale=math.nan)
+    with pytest.raises(ValueError, match="hicache_write_policy"):
+        SimWorkerConfig(hicache_write_policy="write_around")
 
 
 def test_the_cli_module_imports_nothing_heavy() -> None:

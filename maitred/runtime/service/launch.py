@@ -7,8 +7,18 @@ Each server is started with the flags maitred relies on (checked against SGLang'
   KV capacity;
 - ``--enable-cache-report``: ``usage.prompt_tokens_details.cached_tokens`` in OpenAI answers,
   the cache feedback the runtime's residency estimate runs on;
-- ``--enable-hierarchical-cache --hicache-ratio R --hicache-write-policy write_through``: the
-  host tier (HiCache) that demoted programs' KV lives in;
+- ``--enable-hierarchical-cache --hicache-ratio R``: the host tier (HiCache) that demoted
+  programs' KV lives in (SGLang refuses a host pool not larger than the GPU's, so R > 1);
+- ``--hicache-write-policy``, as ``maitred.runtime.hicache`` picks it for R: ``write_back``
+  below 2, ``write_through`` from 2 on. Write-back copies a block to host memory when it leaves
+  the GPU (``mem_cache/hiradix_cache.py``: ``HiRadixCache.evict`` writes back the nodes without
+  a host copy), so the host pool holds what the GPU does not and the two tiers keep 1 + R GPUs
+  of KV; SGLang's default, write-through, copies every block as it is cached, so the host
+  mirrors the GPU and the two keep max(1, R). Write-back's cost: an eviction waits for its
+  GPU→host copy (``writing_check(write_back=True)`` blocks the scheduler until it is done),
+  which the room it adds pays for only while the host pool is small. maitred sizes its GPU tier
+  by what the two keep (``tiering.working_set_capacity``), reading the policy from
+  ``/server_info``;
 - ``--radix-eviction-policy priority``: eviction follows each request's ``priority`` (without
   ``--enable-priority-scheduling``, which would also reorder and preempt requests).
 
@@ -27,12 +37,18 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from maitred.runtime.hicache import write_back_for
 from maitred.runtime.service.background import wait_http
 
 log = logging.getLogger("maitred.service")
 
 REQUIRED_FLAGS = ("--enable-metrics", "--enable-cache-report", "--enable-hierarchical-cache",
-                  "--hicache-write-policy", "write_through", "--radix-eviction-policy", "priority")
+                  "--radix-eviction-policy", "priority")
+
+
+def write_policy_for(hicache_ratio: float) -> str:
+    """``--hicache-write-policy`` for a host pool of ``hicache_ratio`` GPUs (see the module docstring)."""
+    return "write_back" if write_back_for(hicache_ratio) else "write_through"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +85,17 @@ class SGLangLaunch:
         if not self.hicache_ratio > 1:
             raise ValueError(f"--hicache-ratio: SGLang needs a host pool larger than the GPU pool (> 1), got {self.hicache_ratio}")
 
+    @property
+    def write_policy(self) -> str:
+        return write_policy_for(self.hicache_ratio)
+
     def specs(self) -> list[LaunchSpec]:
         out = []
         for i, gpu in enumerate(self.gpus):
             port = self.base_port + i
             argv = (self.python, "-m", "sglang.launch_server", "--model-path", self.model_path, "--host", self.host,
                     "--port", str(port), *REQUIRED_FLAGS[:3], "--hicache-ratio", f"{self.hicache_ratio:g}",
-                    *REQUIRED_FLAGS[3:], *self.extra_args)
+                    "--hicache-write-policy", self.write_policy, *REQUIRED_FLAGS[3:], *self.extra_args)
             out.append(LaunchSpec(gpu, port, argv))
         return out
 

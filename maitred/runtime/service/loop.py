@@ -28,6 +28,7 @@ import httpx
 
 from maitred.events import Event, Handoff, LLMEnd, LLMStart, ProgramEnd, ToolEnd
 from maitred.runtime.decisions import Decision, Warmup
+from maitred.runtime.hicache import WRITE_BACK_BELOW_RATIO, write_back_for
 from maitred.runtime.model import SignalConfig, Tier, WorkerState
 from maitred.runtime.scheduler import Scheduler, free_after
 from maitred.runtime.service.metrics import Metrics, Tally, program_counts
@@ -90,6 +91,8 @@ class _Held:
 class _WorkerHealth:
     failures: int = 0
     known: bool = False   # capacity read at least once
+    write_policy: str | None = None   # HiCache's, as /server_info says (None: off, or not said)
+    warned: bool = False  # the write-policy warning was logged
 
 
 @dataclass
@@ -167,12 +170,7 @@ class Runtime:
             return
         try:
             if not health.known or not live.healthy:
-                cap = await backend.capacity()
-                host = cap.host_tokens
-                if host is None:
-                    host = await backend.host_capacity() or 0
-                live.gpu_tokens, live.cpu_tokens = cap.gpu_tokens, host
-                health.known = True
+                await self._read_capacity(url)
             load = await backend.load()
         except (httpx.HTTPError, WorkerProtocolError) as exc:
             log.warning("maitred: worker %s answers /health but not %s", url, exc)
@@ -180,9 +178,32 @@ class Runtime:
         health.failures = 0
         self.state.observe_worker(url, queued_requests=load.waiting, used_tokens=load.used_tokens)
         if not live.healthy:
-            log.info("maitred: worker %s is up (%d GPU tokens, %d host tokens)", url, live.gpu_tokens, live.cpu_tokens)
+            hicache = f"HiCache {health.write_policy or 'write policy not reported'}" if live.cpu_tokens else "no host cache"
+            log.info("maitred: worker %s is up (%d GPU tokens, %d host tokens, %s)", url, live.gpu_tokens, live.cpu_tokens,
+                     hicache)
             self.state.set_worker_health(url, True)
             self.kick()
+
+    async def _read_capacity(self, url: str) -> None:
+        """GPU and host KV capacity, and whether the host pool adds to the GPU's (HiCache
+        write-back) or mirrors it (write-through), from the worker's ``/server_info``. Under
+        maitred, a worker on write-through whose host pool is small enough for maitred to pick
+        write-back (``maitred.runtime.hicache``) is named once in a warning."""
+        backend, health, live = self.backends[url], self._health[url], self.state.workers[url]
+        cap = await backend.capacity()
+        host = cap.host_tokens
+        if host is None:
+            host = await backend.host_capacity() or 0
+        live.gpu_tokens, live.cpu_tokens, live.write_back = cap.gpu_tokens, host, cap.write_back
+        health.known, health.write_policy = True, cap.write_policy
+        ratio = host / cap.gpu_tokens if cap.gpu_tokens else 0.0
+        if self.cfg.policy == "maitred" and host and not cap.write_back and write_back_for(ratio) and not health.warned:
+            health.warned = True
+            log.warning("maitred: worker %s keeps a host KV pool of %.3g GPUs without --hicache-write-policy write_back "
+                        "(%s): host memory mirrors the GPU, so maitred counts only the part beyond the GPU's size; "
+                        "start SGLang with --hicache-write-policy write_back (as maitred sglang-args does for a host "
+                        "pool under %g GPUs) to count all of it, at the cost of an eviction waiting for its copy to "
+                        "host memory", url, ratio, cap.write_policy or "write policy not reported", WRITE_BACK_BELOW_RATIO)
 
     def worker_failed(self, url: str, *, reason: str) -> None:
         """``url`` is down: its programs lose their KV and become homeless, to be placed on

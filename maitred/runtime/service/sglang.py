@@ -4,9 +4,9 @@ Shapes are SGLang 0.5.23's (python/sglang/srt/...):
 
 - ``GET /server_info`` (``entrypoints/http_server.py``: ``server_info``): the resolved server
   arguments (``model_path``, ``dp_size``, ``enable_hierarchical_cache``, ``hicache_ratio``,
-  ``hicache_size``, ...) merged with the scheduler's start-up info (``max_total_num_tokens``, per
-  data-parallel rank) and ``internal_states``, one dict per rank whose
-  ``memory_usage.token_capacity`` is that rank's KV pool in tokens
+  ``hicache_size``, ``hicache_write_policy``, ...) merged with the scheduler's start-up info
+  (``max_total_num_tokens``, per data-parallel rank) and ``internal_states``, one dict per rank
+  whose ``memory_usage.token_capacity`` is that rank's KV pool in tokens
   (``managers/scheduler_components/internal_state.py``). ``/get_server_info`` is the deprecated
   alias, still answered.
 - ``GET /v1/loads`` (``entrypoints/v1_loads.py``): ``{timestamp, version, accelerator,
@@ -65,13 +65,22 @@ class WorkerCapacity:
     ``gpu_tokens`` is the sum over its data-parallel ranks (each rank has its own pool, so one
     program's KV never exceeds ``gpu_tokens // dp_size``). ``host_tokens`` is the HiCache host
     pool: 0 when HiCache is off, None when ``/server_info`` cannot tell (a pool sized in GB);
-    ``host_capacity()`` reads the exact figure from ``/metrics``.
+    ``host_capacity()`` reads the exact figure from ``/metrics``. ``write_policy`` is HiCache's
+    ``--hicache-write-policy`` (``write_through``, SGLang's default, ``write_back`` or
+    ``write_through_selective``): None when HiCache is off or the server does not say.
     """
 
     gpu_tokens: int
     host_tokens: int | None
     dp_size: int
     model_path: str | None
+    write_policy: str | None = None
+
+    @property
+    def write_back(self) -> bool:
+        """Blocks reach host memory only when they leave the GPU, so the host pool adds to the
+        GPU's instead of mirroring it (``WorkerState.write_back``)."""
+        return self.write_policy == "write_back"
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +151,13 @@ def _host_tokens(body: Mapping[str, Any], gpu_tokens: int) -> int | None:
     return round(_ratio(ratio, "server_info.hicache_ratio") * gpu_tokens)
 
 
+def _write_policy(body: Mapping[str, Any]) -> str | None:
+    policy = body.get("hicache_write_policy")
+    if policy is not None and not isinstance(policy, str):
+        raise WorkerProtocolError(f"server_info.hicache_write_policy: expected a string, got {policy!r}")
+    return policy if body.get("enable_hierarchical_cache", False) else None
+
+
 def parse_server_info(body: dict) -> WorkerCapacity:
     """Capacity from a ``/server_info`` body: per-rank ``internal_states[].memory_usage.token_capacity``
     summed, else ``max_total_num_tokens`` (a per-rank figure) times ``dp_size``."""
@@ -162,7 +178,7 @@ def parse_server_info(body: dict) -> WorkerCapacity:
         raise WorkerProtocolError(f"server_info.model_path: expected a string, got {model_path!r}")
     per_rank = gpu_tokens // dp_size
     host = _host_tokens(info, per_rank)
-    return WorkerCapacity(gpu_tokens, None if host is None else host * dp_size, dp_size, model_path)
+    return WorkerCapacity(gpu_tokens, None if host is None else host * dp_size, dp_size, model_path, _write_policy(info))
 
 
 def parse_loads(body: dict) -> WorkerLoad:

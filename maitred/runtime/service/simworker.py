@@ -40,12 +40,16 @@ if TYPE_CHECKING:
 #: worker's tokenizer without contacting a model hub.
 MODEL_DIR = Path(__file__).parent / "assets" / "sim-model"
 SERVED_MODEL_NAME = "maitred-sim-worker"
+#: SGLang's ``--hicache-write-policy`` values the engine model runs (not ``write_through_selective``).
+WRITE_POLICIES = ("write_through", "write_back")
 
 
 @dataclass(frozen=True)
 class SimWorkerConfig:
     """Settings of one simulated worker. ``gpu_tokens`` None: the engine profile's capacity;
-    ``cpu_tokens`` 0: no host cache (HiCache off, SGLang's default)."""
+    ``cpu_tokens`` 0: no host cache (HiCache off, SGLang's default). ``hicache_write_policy`` is
+    SGLang's: ``write_through`` (its default) copies each block to host memory as it is cached,
+    ``write_back`` when it leaves the GPU (the eviction waits for the copy)."""
 
     gpu_tokens: int | None = None
     cpu_tokens: int = 0
@@ -56,6 +60,7 @@ class SimWorkerConfig:
     model_path: str = str(MODEL_DIR)
     served_model_name: str = SERVED_MODEL_NAME
     radix_eviction_policy: str = "lru"
+    hicache_write_policy: str = "write_through"
     kv_events_config: str | None = None   # SGLang's --kv-events-config JSON (zmq publisher)
     host: str = "127.0.0.1"
     port: int = 30000               # 0: any free port (SimWorkerThread)
@@ -73,6 +78,8 @@ class SimWorkerConfig:
             raise ValueError(f"port: must be between 0 and 65535, got {self.port!r}")
         if self.radix_eviction_policy not in ("lru", "priority"):
             raise ValueError(f"radix_eviction_policy: choose lru or priority, got {self.radix_eviction_policy!r}")
+        if self.hicache_write_policy not in WRITE_POLICIES:
+            raise ValueError(f"hicache_write_policy: choose {' or '.join(WRITE_POLICIES)}, got {self.hicache_write_policy!r}")
 
 
 def create_app(config: SimWorkerConfig) -> "FastAPI":
@@ -154,6 +161,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(h100-7b, h200-7b, b200x2-70b)")
     parser.add_argument("--radix-eviction-policy", choices=("lru", "priority"), default="lru",
                         help="as SGLang's flag: 'priority' evicts KV of lower request priority first (default: lru)")
+    parser.add_argument("--hicache-write-policy", choices=WRITE_POLICIES, default="write_through",
+                        help="as SGLang's flag, with --cpu-tokens: write_through copies each block to host memory as it "
+                        "is cached, so host memory mirrors the GPU; write_back copies a block when it leaves the GPU "
+                        "and the eviction waits for the copy, so host memory adds to the GPU's (default: write_through)")
     parser.add_argument("--kv-events-config", metavar="JSON",
                         help='as SGLang\'s flag: publish KV events, e.g. \'{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557"}\'')
     parser.add_argument("--model-path", default=str(MODEL_DIR),
@@ -167,7 +178,7 @@ def config_from_args(args: argparse.Namespace) -> SimWorkerConfig:
         gpu_tokens=args.gpu_tokens, cpu_tokens=args.cpu_tokens, time_scale=args.time_scale, script_tools=args.script_tools,
         script_steps=args.script_steps, profile=args.profile, model_path=args.model_path,
         served_model_name=args.served_model_name, radix_eviction_policy=args.radix_eviction_policy,
-        kv_events_config=args.kv_events_config,
+        hicache_write_policy=args.hicache_write_policy, kv_events_config=args.kv_events_config,
         host=args.host, port=args.port,
     )
 

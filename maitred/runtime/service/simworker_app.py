@@ -40,7 +40,8 @@ class SimWorker:
         self.gpu_tokens = config.gpu_tokens or self.profile.gpu_kv_tokens
         self.cpu_tokens = config.cpu_tokens
         typed = config.radix_eviction_policy == "priority"
-        worker = Worker("sim", self.profile, self.gpu_tokens, self.cpu_tokens, offload=self.cpu_tokens > 0, typed_eviction=typed)
+        worker = Worker("sim", self.profile, self.gpu_tokens, self.cpu_tokens, offload=self.cpu_tokens > 0, typed_eviction=typed,
+                        write_back=config.hicache_write_policy == "write_back")
         self.engine = RealtimeEngine(worker, config.time_scale)
         self.started = time.time()
         self.max_input = min(CONTEXT_LENGTH, self.gpu_tokens) - 1
@@ -137,9 +138,10 @@ def server_info_body(sim: SimWorker) -> dict[str, Any]:
         "context_length": CONTEXT_LENGTH, "max_running_requests": sim.profile.max_running,
         "chunked_prefill_size": sim.profile.prefill_chunk_tokens, "enable_metrics": True, "enable_cache_report": True,
         "enable_hierarchical_cache": cpu > 0, "hicache_ratio": (cpu / gpu) if cpu else None, "hicache_size": 0,
-        "hicache_write_policy": "write_through", "radix_eviction_policy": c.radix_eviction_policy,
+        "hicache_write_policy": c.hicache_write_policy, "radix_eviction_policy": c.radix_eviction_policy,
         "enable_priority_scheduling": False, "kv_events_config": c.kv_events_config,
-        "launch_command": f"maitred sim-worker --port {c.port} --gpu-tokens {gpu} --cpu-tokens {cpu} --time-scale {c.time_scale}",
+        "launch_command": f"maitred sim-worker --port {c.port} --gpu-tokens {gpu} --cpu-tokens {cpu} --time-scale {c.time_scale} "
+                          f"--hicache-write-policy {c.hicache_write_policy}",
         "status": "ready", "max_total_num_tokens": gpu, "max_req_input_len": sim.max_input, "startup_time": sim.started,
         "kv_events": sim.kv_events.descriptor() if sim.kv_events else None,
         "internal_states": [{
