@@ -7,10 +7,12 @@ request per model step (its context growing step by step, its program id in the 
 step's tool calls as ``maitred.tool_call`` blocks that sleep for the traced durations (times
 ``time_scale``). The middleware sends the tool events to the gateway, which stores them.
 
-The same workload runs once under ``maitred`` and once under ``round_robin``; GPU memory is
-sized so that only about half of the programs' contexts fit at once, which is where the policy
-matters. What is measured is what a client sees: time to first token and the prompt tokens the
-workers served from cache.
+The same workload runs once under ``maitred`` and once under ``round_robin``, against the same
+workers: HiCache host memory (twice the GPU's by default) with the write policy ``maitred
+sglang-args`` launches SGLang with for that pool (write-back below twice the GPU, write-through
+from there on). GPU memory is sized so that only about half of the programs' contexts fit at
+once, which is where the policy matters. What is measured is what a client sees: time to first
+token and the prompt tokens the workers served from cache.
 """
 
 import statistics
@@ -29,7 +31,8 @@ import maitred
 from maitred.middleware.emitter import EmitterSettings
 from maitred.runtime.service.app import ServeConfig, build_app
 from maitred.runtime.service.background import BackgroundServer
-from maitred.runtime.service.loop import RuntimeConfig
+from maitred.runtime.service.launch import write_policy_for
+from maitred.runtime.service.loop import Runtime, RuntimeConfig
 from maitred.runtime.service.simworker import SimWorkerConfig, create_app
 from maitred.sim.synthetic import SyntheticSpec, generate
 from maitred.sim.traces import ProgramTrace
@@ -55,6 +58,8 @@ class LiveDemoConfig:
             raise ValueError(f"programs: 1 to {MAX_PROGRAMS}, got {self.programs}")
         if self.steps < 1 or self.time_scale <= 0 or self.engine_speedup <= 0:
             raise ValueError("steps must be at least 1; time_scale and engine_speedup positive")
+        if self.gpu_tokens < 1 or self.cpu_tokens < 0:
+            raise ValueError(f"gpu_tokens must be positive and cpu_tokens 0 or more, got {self.gpu_tokens}, {self.cpu_tokens}")
 
 
 @dataclass
@@ -150,11 +155,20 @@ def _metric(text: str, prefix: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
 
 
+def _workers_seen(runtime: Runtime) -> str:
+    """The workers as the gateway read them from ``/server_info`` (the demo's are alike)."""
+    workers = list(runtime.state.workers.values())
+    w = workers[0]
+    hicache = f"HiCache {'write_back' if w.write_back else 'write_through'}" if w.cpu_tokens else "no host cache"
+    return f"{len(workers)} simulated workers ({w.gpu_tokens:,} GPU and {w.cpu_tokens:,} host tokens each, {hicache})"
+
+
 def run_policy(policy: str, cfg: LiveDemoConfig, db_url: str | None, progress: Callable[[str], None] = print) -> RunSummary:
     trace = generate(SyntheticSpec(programs=cfg.programs, seed=cfg.seed, min_steps=cfg.steps, max_steps=cfg.steps + 20))
     run = RunSummary(policy)
     sim = SimWorkerConfig(gpu_tokens=cfg.gpu_tokens, cpu_tokens=cfg.cpu_tokens, time_scale=cfg.engine_speedup,
-                          radix_eviction_policy="priority")
+                          radix_eviction_policy="priority",
+                          hicache_write_policy=write_policy_for(cfg.cpu_tokens / cfg.gpu_tokens))
     with BackgroundServer(create_app(sim)) as w0, BackgroundServer(create_app(sim)) as w1:
         runtime = RuntimeConfig(policy=policy, hold_timeout_s=cfg.hold_timeout_s, priority=True)
         gateway = build_app(ServeConfig([w0.url, w1.url], db_url=db_url, runtime=runtime, wait_for_workers_s=30))
@@ -166,7 +180,7 @@ def run_policy(policy: str, cfg: LiveDemoConfig, db_url: str | None, progress: C
             sampler.start()
             agents = [threading.Thread(target=_Agent(i, f"{policy}-{i}", p, trace.prefix_tokens, server.url, cfg, run, lock),
                                        name=f"agent-{i}") for i, p in enumerate(trace.programs)]
-            progress(f"{policy}: {len(agents)} programs through the gateway to 2 simulated workers ...")
+            progress(f"{policy}: {len(agents)} programs through the gateway to {_workers_seen(gateway.runtime)} ...")
             for a in agents:
                 a.start()
             for a in agents:
