@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from maitred.events import Handoff, LLMEnd, LLMStart
 from maitred.runtime import POLICIES, Phase, Scheduler, SignalConfig, Tier, make_policy
 from maitred.runtime.model import WorkerState
+from maitred.runtime.policies.maitred import OVERDUE_S
 from maitred.runtime.tiering import plan_tiers, working_set_capacity
 from tests.runtime_helpers import NOW, program, state
 
@@ -277,6 +278,25 @@ def test_maitred_brings_back_the_smallest_waiting_program_first_where_mori_takes
 
     assert [m.program_id for m in Scheduler(case(), "mori").tick(NOW).tier_moves] == ["big"]
     assert [m.program_id for m in Scheduler(case(), "maitred").tick(NOW).tier_moves] == ["small"]
+
+
+def test_maitred_holds_room_for_a_new_program_whose_first_request_is_overdue():
+    """4,000 free GPU tokens on w0 (a 7,000-token GPU, a reasoning filler of 2,488 +512) and
+    two programs that want them: a host-tier one returning (2,488 +512), and a new one (2,488
+    +512) whose first request arrived ``age`` seconds ago. Only one fits. A fresh newcomer
+    waits for placement behind the returning program, as before; one held over OVERDUE_S is
+    placed first and the returning program waits."""
+    def case(age: float):
+        back = program("back", tokens=2_488, home="w0", tier=Tier.CPU, returned=True, cycles=[(2, 8)])
+        new = program("new", tokens=2_488, phase=Phase.REASONING)
+        new.phase_since = NOW - age
+        filler = program("filler", tokens=2_488, phase=Phase.REASONING, home="w0", tier=Tier.GPU)
+        return state([("w0", 7_000, 7_000)], [back, new, filler], TIGHT)
+
+    fresh = Scheduler(case(1.0), "maitred").tick(NOW)
+    assert [m.program_id for m in fresh.tier_moves] == ["back"] and fresh.assignments == ()
+    overdue = Scheduler(case(OVERDUE_S + 1), "maitred").tick(NOW)
+    assert overdue.tier_moves == () and [a.program_id for a in overdue.assignments] == ["new"]
 
 
 def test_all_reasoning_marks_the_most_idle_for_lazy_demotion_then_moves_it_after_its_step():

@@ -158,7 +158,7 @@ def working_set_capacity(view: View) -> dict[str, TierCapacity]:
 
 
 def plan_tiers(view: View, *, promote_waiting: bool, packing: bool = False, displace: bool = False,
-               ceilings: Mapping[str, int] | None = None) -> TierPlan:
+               ceilings: Mapping[str, int] | None = None, held_back: Mapping[str, int] | None = None) -> TierPlan:
     """``promote_waiting``: also bring dropped programs back at home (MORI alone); maitred
     leaves them to TAO placement, which may find them a better worker.
 
@@ -178,16 +178,20 @@ def plan_tiers(view: View, *, promote_waiting: bool, packing: bool = False, disp
     ``ceilings``: per worker, demote only once the GPU tier holds more than this, and only down
     to it (maitred's band, ``TierCapacity``); promotions still fill up to the worker's
     ``gpu_tokens``. Without, the two are the same.
+
+    ``held_back``: per worker, GPU-tier tokens promotions leave free (maitred holds them for
+    overdue programs that placement brings in).
     """
     plan = TierPlan(view)
     for worker_id in list(plan.by_worker):
         ceiling = ceilings.get(worker_id) if ceilings else None
-        _plan_worker(plan, worker_id, promote_waiting, packing, displace, ceiling)
+        _plan_worker(plan, worker_id, promote_waiting, packing, displace, ceiling,
+                     held_back.get(worker_id, 0) if held_back else 0)
     return plan
 
 
 def _plan_worker(plan: TierPlan, worker_id: str, promote_waiting: bool, packing: bool, displace: bool,
-                 ceiling: int | None) -> None:
+                 ceiling: int | None, held_back: int) -> None:
     worker = plan.view.workers[worker_id]
     programs = plan.by_worker[worker_id]
     tiers, iota, weight = plan.tiers, plan.iota, plan.weight
@@ -224,10 +228,11 @@ def _plan_worker(plan: TierPlan, worker_id: str, promote_waiting: bool, packing:
     first = {p.program_id for p in urgent}
     ahead = sorted((p for p in programs if tiers[p.program_id] in sources and p.program_id not in first
                     and signals[p.program_id].readiness.r == 1), key=iota)
+    room = worker.gpu_tokens - held_back
     for p in urgent:
-        if weight(p) <= worker.gpu_tokens - plan.used(worker_id, Tier.GPU) or (
+        if weight(p) <= room - plan.used(worker_id, Tier.GPU) or (
                 displace and plan.make_room(worker_id, weight(p), iota(p))):
             plan.move(p, worker_id, Tier.GPU)
     for p in ahead:
-        if weight(p) <= worker.gpu_tokens - plan.used(worker_id, Tier.GPU):
+        if weight(p) <= room - plan.used(worker_id, Tier.GPU):
             plan.move(p, worker_id, Tier.GPU)

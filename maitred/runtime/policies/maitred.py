@@ -8,14 +8,16 @@
    that want the GPU first; dropped programs are left to step 2.
 2. Placement (TAO) of the waiting pool — new, dropped, and returning programs that no longer
    fit at home — by the exact DP over (cache credit, readiness, tokens), BFD past its budget.
+   A program of that pool whose request has waited over ``OVERDUE_S`` is placed first, in
+   room that step 1's promotions leave for it (``_overdue``).
 3. Pre-prefill (LOCAL + TAO): warm the consumers of handoffs and the programs about to return
    whose KV is not on their worker's GPU (``preprefill.admit`` says where and when).
 """
 
 from dataclasses import replace
 
-from maitred.runtime.decisions import Decision, Warmup
-from maitred.runtime.model import Phase, Tier
+from maitred.runtime.decisions import Assignment, Decision, Warmup
+from maitred.runtime.model import Phase, ProgramState, Tier
 from maitred.runtime.placement import candidates_for_placement, place
 from maitred.runtime.policies.base import final_tiers, finish
 from maitred.runtime.preprefill import admit, propose
@@ -31,15 +33,19 @@ class Maitred:
 
     def step(self, view: View) -> Decision:
         planned, ceilings = _sized(view)
-        tiers = plan_tiers(planned, promote_waiting=False, packing=True, ceilings=ceilings)
+        overdue = _overdue(planned)
+        tiers = plan_tiers(planned, promote_waiting=False, packing=True, ceilings=ceilings,
+                           held_back=_room_for(planned, overdue))
         free = tiers.gpu_free()
         candidates, reason = candidates_for_placement(planned, tiers.tiers, free)
-        placement = place(planned, candidates, free, reason=reason)
+        first = place(planned, overdue, free, reason=reason)
+        left = _after(view, first.assignments, free)
+        placed = {a.program_id for a in first.assignments}
+        rest = place(planned, [p for p in candidates if p.program_id not in placed], left, reason=reason)
+        placement = replace(rest, assignments=first.assignments + rest.assignments)
         warmups: tuple[Warmup, ...] = ()
         if self.preprefill:
-            left = dict(free)
-            for a in placement.assignments:
-                left[a.worker] -= view.programs[a.program_id].weight(view.cfg.reserve_tokens)
+            left = _after(view, rest.assignments, left)
             planned_tiers = final_tiers(view, tiers.moves, placement.assignments)
             warmups = admit(view, propose(view, placement.assignments), left, planned_tiers)
         decision = finish(self.name, view, moves=tiers.moves, assignments=placement.assignments, warmups=warmups,
@@ -64,6 +70,48 @@ class Maitred:
         if not placement.assignments:
             return None
         return Decision(self.name, assignments=placement.assignments, admitted=frozenset({program_id}))
+
+
+#: a request of a program left to placement that has waited this long gets room held for it
+OVERDUE_S = 10.0
+
+
+def _overdue(view: View) -> list[ProgramState]:
+    """Programs left to placement (new, dropped, or whose worker failed) whose request has
+    waited over ``OVERDUE_S``, oldest first.
+
+    Promotions of homed programs (step 1) take the room before placement sees it, smallest
+    first, so under steady load a new program could wait until the hold bound forced it in:
+    on the H200 profile at synthetic C = 80 ×1, 210 first requests waited over 100 s, one
+    1,794 s, and maitred's mean TTFT was 2.31 s against ThunderAgent+offload's 1.92 s (its new
+    programs queue behind its paused ones only). Holding room for the overdue ones and placing
+    them first: 1.98 s; on the H100 synthetic workload 7.35 → 6.48 s at C = 80 ×1 and on
+    SWE-agent 5.11 → 4.34 s, throughput within 2%. Large *homed* programs can still wait long
+    behind smaller returning ones; displacing GPU-tier programs for them (MORI's rule) was
+    tried and churned (mean TTFT 3.80 s, a quarter fewer requests served)."""
+    return sorted((p for p in view.programs.values() if p.phase is Phase.REASONING and view.now - p.phase_since > OVERDUE_S
+                   and (p.home_worker not in view.workers or p.tier is Tier.WAITING)), key=lambda p: p.phase_since)
+
+
+def _room_for(view: View, programs: list[ProgramState]) -> dict[str, int]:
+    """GPU-tier tokens to keep free per worker for ``programs``, each on the worker that has
+    the most room left for it."""
+    room, held = TierPlan(view).gpu_free(), {}
+    for p in programs:
+        if not room:
+            break
+        worker = max(room, key=room.__getitem__)
+        room[worker] -= p.weight(view.cfg.reserve_tokens)
+        held[worker] = held.get(worker, 0) + p.weight(view.cfg.reserve_tokens)
+    return held
+
+
+def _after(view: View, assignments: tuple[Assignment, ...], free: dict[str, int]) -> dict[str, int]:
+    """``free`` less what ``assignments`` take."""
+    left = dict(free)
+    for a in assignments:
+        left[a.worker] -= view.programs[a.program_id].weight(view.cfg.reserve_tokens)
+    return left
 
 
 def _sized(view: View) -> tuple[View, dict[str, int]]:
