@@ -231,14 +231,12 @@ def cmd_timeline(args: argparse.Namespace) -> int:
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     """Migrate, then check: a database is called fine only when the integrity check agrees."""
-    from maitred.storage.migrate import current_revision
-
     with SessionStore(args.db) as store:
         problems = store.check_integrity()
         if problems:
             more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
             raise CliError(f"{problems[0]}{more}")
-        console.print(f"{store.where}: schema at revision {current_revision(store.engine)}; integrity check passed")
+        console.print(f"{store.where}: schema at revision {store.revision()}; integrity check passed")
     return 0
 
 

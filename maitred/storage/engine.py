@@ -4,6 +4,7 @@ import os
 import re
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -119,66 +120,98 @@ def _sqlite_begin(conn: Connection) -> None:
 
 
 class AnswerDeadline:
-    """A bound on how long one operation waits for PostgreSQL's answers, checking out the
-    connection (the pool's pre-ping) and committing included.
+    """A bound on how long an operation waits for PostgreSQL's answers: checking out a
+    connection (connecting, the pool's pre-ping, the dialect's first queries), each statement,
+    committing.
 
     ``connect_timeout`` only covers connecting. A server that accepted the connection and then
-    stops answering — a hung backend or host, a stalled proxy or pooler in between — leaves
-    psycopg waiting on its socket forever, since libpq has no client-side query timeout. Neither
-    do the usual settings bound it: TCP keepalives and ``tcp_user_timeout`` see only a peer
-    whose kernel stopped acknowledging, not a process (or proxy) that is alive and silent, and
-    ``statement_timeout`` is enforced by the very server that is not answering. So the bound is
-    kept here, on the client: when an operation under ``watch()`` has not finished after
-    ``seconds``, every socket this engine holds to the server is shut down. The waiting call
-    then fails at once as a lost connection (which SQLAlchemy invalidates, and the store reports
-    as an outage), and so would any other call waiting on the same silent server; the next
-    attempt opens a fresh connection, bounded by ``connect_timeout``. ``seconds`` must be well
-    above the slowest healthy write, or that write would be cut and retried for ever."""
+    stops answering — a hung backend or host, a stalled proxy or pooler in between, a lock that
+    is never granted — leaves psycopg waiting on its socket forever, since libpq has no
+    client-side query timeout. Neither do the usual settings bound it: TCP keepalives and
+    ``tcp_user_timeout`` see only a peer whose kernel stopped acknowledging, not a process (or
+    proxy) that is alive and silent, and ``statement_timeout`` is enforced by the very server
+    that is not answering. So the bound is kept here, on the client: when an operation under
+    ``watch(seconds)`` has heard nothing for ``seconds``, every socket this engine holds to the
+    server is shut down. The waiting call then fails at once as a lost connection (which
+    SQLAlchemy invalidates, and the store reports as an outage), and so would any other call
+    waiting on the same silent server; the next attempt opens a fresh connection, bounded by
+    ``connect_timeout``.
 
-    def __init__(self, engine: Engine, seconds: float) -> None:
-        self.seconds = seconds
+    The clock restarts whenever the operation sends a statement or gets one answered, so it
+    bounds each wait, not the operation: an export that runs a query per program takes as long
+    as it needs, and a server that goes silent is caught ``seconds`` later whatever came
+    before. ``seconds`` must be well above the slowest healthy answer, or that operation would
+    be cut and fail every time it is retried."""
+
+    def __init__(self, engine: Engine) -> None:
         # Each connection with the process that opened it: a forked child must not shut down
         # the parent's sockets, which it still sees until the old pool is collected.
         self._connections: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
-        event.listen(engine, "connect", self._opened)
+        #: The operation running in this thread: statements are executed in the caller's thread.
+        self._local = threading.local()
+        # First of the connect listeners: SQLAlchemy's own runs the dialect's first queries on a
+        # new connection, and a silent server must already find that connection here.
+        event.listen(engine, "connect", self._opened, insert=True)
+        event.listen(engine, "before_cursor_execute", self._heard)
+        event.listen(engine, "after_cursor_execute", self._heard)
 
     def _opened(self, dbapi_connection: Any, _record: Any) -> None:
         with self._lock:
             self._connections[dbapi_connection] = os.getpid()
 
+    def _heard(self, *_event: Any) -> None:
+        watch: Watch | None = getattr(self._local, "watch", None)
+        if watch is not None:
+            watch.restart()
+
     @contextmanager
-    def watch(self) -> Iterator["Watch"]:
+    def watch(self, seconds: float) -> Iterator["Watch"]:
         """Run the body under the deadline; ``Watch.expired`` says whether it was cut."""
-        watch = Watch()
-        timer = threading.Timer(self.seconds, self._expire, (watch,))
-        timer.daemon = True
-        timer.start()
+        watch = Watch(seconds)
+        outer = getattr(self._local, "watch", None)
+        self._local.watch = watch
+        threading.Thread(target=self._guard, args=(watch,), name="maitred-answer-deadline", daemon=True).start()
         try:
             yield watch
         finally:
-            with watch.lock:
-                watch.finished = True
-            timer.cancel()
+            self._local.watch = outer
+            watch.finish()
 
-    def _expire(self, watch: "Watch") -> None:
-        with watch.lock:
-            if watch.finished:
-                return
-            watch.expired = True
-            with self._lock:
-                mine = [c for c, pid in self._connections.items() if pid == os.getpid()]
-            for connection in mine:
-                _shut_down(connection)
+    def _guard(self, watch: "Watch") -> None:
+        """Wait for the operation to finish, or to hear nothing for ``seconds``: then cut. The
+        cut happens under the watch's lock, so none follows once the operation has finished."""
+        with watch.changed:
+            while not watch.finished:
+                left = watch.due - time.monotonic()
+                if left <= 0:
+                    watch.expired = True
+                    with self._lock:
+                        mine = [c for c, pid in self._connections.items() if pid == os.getpid()]
+                    for connection in mine:
+                        _shut_down(connection)
+                    return
+                watch.changed.wait(left)
 
 
 class Watch:
-    """One operation under an ``AnswerDeadline``."""
+    """One operation under an ``AnswerDeadline``: cut when ``due`` passes before ``finished``."""
 
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.changed = threading.Condition()
+        self.due = time.monotonic() + seconds
         self.finished = False
         self.expired = False
+
+    def restart(self) -> None:
+        with self.changed:
+            self.due = time.monotonic() + self.seconds
+
+    def finish(self) -> None:
+        with self.changed:
+            self.finished = True
+            self.changed.notify()
 
 
 def _shut_down(connection: Any) -> None:

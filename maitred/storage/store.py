@@ -72,17 +72,32 @@ class SessionStore:
     plain file path. ``write`` is safe to call with a batch that was already written: every row
     is keyed, so nothing is counted twice. Every failure is a ``StoreError`` (see ``errors``).
 
-    On PostgreSQL a ``write`` waits at most ``write_timeout_s`` for the server's answers (see
-    ``AnswerDeadline``), then raises ``StoreUnavailable``; SQLite's wait for a lock is bounded
-    by its busy timeout.
+    On PostgreSQL no call waits for ever on a server that accepted the connection and then
+    went silent (see ``AnswerDeadline``): connecting is bounded by ``connect_timeout_s`` (when
+    None, by psycopg's default of 130 s), then a ``write`` waits at most ``write_timeout_s``
+    for each answer, and opening the store (the schema check and migrations) and every query
+    at most ``read_timeout_s``; past that they raise ``StoreUnavailable`` naming the server and
+    the bound, and the same store works again once the server answers. SQLite's wait for a
+    lock is bounded by its busy timeout.
+
+    Reads get their own bound, not the writes': a writer is an emitter that keeps its batch and
+    retries, a reader is a person at ``maitred programs`` or a gateway starting up, and a
+    deployment may want them to wait differently. Both default to 30 s: the clock restarts at
+    every statement, so it bounds one answer, and no answer of a healthy server to this
+    store's statements comes near that — the largest, the durations of every completed tool
+    call for ``tool_stats_all``, is one scan of one table returning three columns — while a
+    person still learns within half a minute that the server is not answering.
     """
 
     def __init__(
         self, url: str, *, migrate: bool = True, create: bool = True, connect_timeout_s: float | None = 10.0,
-        write_timeout_s: float = 30.0, echo: bool = False,
+        write_timeout_s: float = 30.0, read_timeout_s: float = 30.0, echo: bool = False,
     ) -> None:
-        if not write_timeout_s > 0:
-            raise ValueError(f"write_timeout_s must be positive seconds, got {write_timeout_s!r}")
+        for name, seconds in (("write_timeout_s", write_timeout_s), ("read_timeout_s", read_timeout_s)):
+            if not seconds > 0:
+                raise ValueError(f"{name} must be positive seconds, got {seconds!r}")
+        self.write_timeout_s = write_timeout_s
+        self.read_timeout_s = read_timeout_s
         self.url = normalize_db_url(url)
         self.where = describe(self.url)
         path = sqlite_path(self.url)
@@ -91,9 +106,9 @@ class SessionStore:
         self.engine: Engine = make_engine(self.url, connect_timeout_s=connect_timeout_s, echo=echo)
         self._writer = self.engine.execution_options(**{IMMEDIATE: True})
         self._postgres = self.engine.dialect.name == "postgresql"
-        self._deadline = AnswerDeadline(self.engine, write_timeout_s) if self._postgres else None
+        self._deadline = AnswerDeadline(self.engine) if self._postgres else None
         try:
-            with self._errors():
+            with self._reading():
                 if not create:
                     self._require_existing()
                 if migrate:
@@ -112,12 +127,28 @@ class SessionStore:
         self.close()
 
     @contextmanager
-    def _errors(self) -> Iterator[None]:
-        """Database errors leave as one-line ``StoreError``s naming this database."""
+    def _reading(self) -> Iterator[None]:
+        """Opening, queries and checks: bounded by ``read_timeout_s``, and database errors leave
+        as one-line ``StoreError``s naming this database."""
         try:
-            yield
+            with self._bounded(self.read_timeout_s):
+                yield
         except SQLAlchemyError as exc:
             raise translate(exc, self.url) from exc
+
+    @contextmanager
+    def _bounded(self, seconds: float) -> Iterator[None]:
+        """On PostgreSQL, a wait of more than ``seconds`` for the server's answer is an outage."""
+        if self._deadline is None:
+            yield
+            return
+        with self._deadline.watch(seconds) as watch:
+            try:
+                yield
+            except Exception as exc:
+                if watch.expired:
+                    raise StoreUnavailable(f"database unavailable: {self.where} (no answer within {seconds:g} s)") from exc
+                raise
 
     def _require_existing(self) -> None:
         with self.engine.connect() as conn:
@@ -182,24 +213,8 @@ class SessionStore:
         else:
             stored.update(row["event_key"] for row in folded.events)
 
-    @contextmanager
-    def _bounded(self) -> Iterator[None]:
-        """A PostgreSQL write that got no answer within ``write_timeout_s`` is an outage."""
-        if self._deadline is None:
-            yield
-            return
-        with self._deadline.watch() as watch:
-            try:
-                yield
-            except Exception as exc:
-                if watch.expired:
-                    raise StoreUnavailable(
-                        f"database unavailable: {self.where} (no answer within {self._deadline.seconds:g} s)"
-                    ) from exc
-                raise
-
     def _write_rows(self, folded: Folded) -> None:
-        with self._bounded(), self._writer.begin() as conn:
+        with self._bounded(self.write_timeout_s), self._writer.begin() as conn:
             conn.execute(self._insert(_TABLES["events"]).on_conflict_do_nothing(index_elements=["event_key"]), folded.events)
             self._upsert(conn, _TABLES["programs"], ["program_id"], list(folded.programs.values()))
             self._upsert(conn, _TABLES["tool_calls"], ["program_id", "call_id"], list(folded.tool_calls.values()))
@@ -230,7 +245,7 @@ class SessionStore:
         and the schema are compared with what this maitred expects."""
         problems: list[str] = []
         try:
-            with self._errors(), self.engine.connect() as conn:
+            with self._reading(), self.engine.connect() as conn:
                 if not self._postgres:
                     verdict = list(conn.exec_driver_sql("PRAGMA integrity_check").scalars())
                     if verdict != ["ok"]:
@@ -240,6 +255,11 @@ class SessionStore:
         except StoreError as exc:
             problems.append(str(exc))
         return problems
+
+    def revision(self) -> str | None:
+        """The schema's stamped migration revision; None for a database never migrated."""
+        with self._reading(), self.engine.connect() as conn:
+            return current_revision(conn)
 
     def _schema_problems(self, conn: Connection) -> list[str]:
         revision = current_revision(conn)
@@ -263,21 +283,21 @@ class SessionStore:
     ) -> ToolStats | None:
         """Duration statistics of completed calls of one tool (or of all tools when ``tool`` is
         None); None when there are no completed calls to describe."""
-        with self._errors(), Session(self.engine) as session:
+        with self._reading(), Session(self.engine) as session:
             return tool_stats_one(session, tool=tool, signature=signature, since=to_epoch(since), agent=agent)
 
     def tool_stats_all(self, *, since: Since = None, agent: str | None = None, by_signature: bool = False) -> list[ToolStats]:
         """One row per tool (or per tool signature), sorted by name, then the global row (``tool='*'``)."""
-        with self._errors(), Session(self.engine) as session:
+        with self._reading(), Session(self.engine) as session:
             return tool_stats_all(session, since=to_epoch(since), agent=agent, by_signature=by_signature)
 
     def programs(self, *, since: Since = None, limit: int = 100) -> list[ProgramSummary]:
-        with self._errors(), Session(self.engine) as session:
+        with self._reading(), Session(self.engine) as session:
             return program_summaries(session, since=to_epoch(since), limit=limit)
 
     def program(self, program_id: str) -> ProgramTimeline | None:
         """Everything recorded for one program, in time order; None for an unknown id."""
-        with self._errors(), Session(self.engine) as session:
+        with self._reading(), Session(self.engine) as session:
             return program_timeline(session, program_id)
 
     def events(self, program_id: str | None = None) -> list[dict[str, Any]]:
@@ -285,10 +305,10 @@ class SessionStore:
         query = select(EventRow.body).order_by(EventRow.ts, EventRow.id)
         if program_id is not None:
             query = query.where(EventRow.program_id == program_id)
-        with self._errors(), Session(self.engine) as session:
+        with self._reading(), Session(self.engine) as session:
             return [json.loads(body) for body in session.scalars(query)]
 
     def export_trace(self, path: str | Path, *, since: Since = None) -> int:
         """Write the replayable trace (docs/trace-format.md); returns the number of programs."""
-        with self._errors(), Session(self.engine) as session:
+        with self._reading(), Session(self.engine) as session:
             return write_trace(session, Path(path), since=to_epoch(since))

@@ -1,6 +1,9 @@
 """A PostgreSQL server that accepted the connection and then stops answering, mid-session: a
 write fails as an outage after ``write_timeout_s`` instead of hanging for ever, the emitter
 keeps the batch and retries it, and once the server answers again everything is stored once.
+Opening a store (connecting, the schema check, the migrations) and every query fail the same
+way after ``read_timeout_s``, and so does the command line; the same store reads again once
+the server answers.
 
 The silent server is a real PostgreSQL behind a proxy that, once frozen, keeps every
 connection open and swallows what either side sends: no reset, no refusal, no answer. The
@@ -10,10 +13,18 @@ pytest timeouts are guards against the hang this file is about, not speed requir
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy import Engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.pool import Pool
 
+import maitred.cli
 from maitred.events import Event, ToolStart
 from maitred.middleware import Emitter, EmitterSettings, StoreSink
 from maitred.storage import SessionStore, StoreUnavailable
@@ -21,8 +32,10 @@ from tests.conftest import POSTGRES_URL
 from tests.faults.store_child import batch_events, event_keys
 from tests.helpers import TcpProxy, throwaway_schemas, wait_until
 
-#: How long a write may wait for the silent server here; the default is 30 s.
+#: How long a write, and opening or a query, may wait for the silent server here; the
+#: defaults are 30 s.
 WRITE_TIMEOUT_S = 2.0
+READ_TIMEOUT_S = 2.0
 
 
 class FreezingProxy(TcpProxy):
@@ -107,3 +120,115 @@ def test_the_emitter_keeps_and_retries_a_batch_the_silent_server_held(proxied, c
     finally:
         emitter.shutdown(5)
     assert sorted(stored_keys(direct)) == sorted(event_keys(events))
+
+
+def no_answer(proxy: FreezingProxy) -> str:
+    """The whole message of a wait the read deadline cut, naming the server and the bound."""
+    return f"^database unavailable: .*:{proxy.port}/.* \\(no answer within {READ_TIMEOUT_S:g} s\\)$"
+
+
+def open_store(url: str) -> SessionStore:
+    return SessionStore(url, connect_timeout_s=1, read_timeout_s=READ_TIMEOUT_S, write_timeout_s=WRITE_TIMEOUT_S)
+
+
+@contextmanager
+def silent_once_connected(proxy: FreezingProxy) -> Iterator[None]:
+    """The proxy goes silent the moment a connection through it is in (authenticated), before
+    the first query: a server that lets the client in and then answers nothing."""
+    def connected(dbapi_connection: Any, _record: Any) -> None:
+        if dbapi_connection.info.port == proxy.port:
+            proxy.frozen.set()
+
+    event.listen(Pool, "connect", connected)
+    try:
+        yield
+    finally:
+        event.remove(Pool, "connect", connected)
+
+
+@contextmanager
+def silent_at_first_create(proxy: FreezingProxy) -> Iterator[None]:
+    """The proxy goes silent just before the migrations send their first ``CREATE``: the
+    statements before it were answered, so the deadline must hold across statements."""
+    def sending(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
+        if statement.lstrip().upper().startswith("CREATE"):
+            proxy.frozen.set()
+
+    event.listen(Engine, "before_cursor_execute", sending)
+    try:
+        yield
+    finally:
+        event.remove(Engine, "before_cursor_execute", sending)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("silence", [silent_once_connected, silent_at_first_create], ids=["once-connected", "mid-migration"])
+def test_opening_a_store_on_a_server_gone_silent_is_an_outage_and_a_later_open_works(proxied, silence):
+    direct, url, proxy = proxied
+    with silence(proxy), pytest.raises(StoreUnavailable, match=no_answer(proxy)):
+        open_store(url)
+    assert proxy.frozen.is_set()  # the silence was met, not skipped
+    proxy.frozen.clear()
+    with open_store(url) as store:
+        assert store.write(batch_events("open", 0, 20)).stored == 20
+    assert len(stored_keys(direct)) == 20  # the cut migration left nothing half made
+
+
+#: Each query the store answers, by name: (store, a scratch folder) -> what it returned.
+READS: dict[str, Callable[[SessionStore, Path], Any]] = {
+    "tool_stats_all": lambda store, _: store.tool_stats_all(),
+    "tool_stats": lambda store, _: store.tool_stats("tool-1"),
+    "programs": lambda store, _: store.programs(),
+    "program": lambda store, _: store.program("reads"),
+    "events": lambda store, _: store.events("reads"),
+    "export_trace": lambda store, where: (store.export_trace(where / "t.jsonl"), (where / "t.jsonl").read_text().splitlines()[1:]),
+    "revision": lambda store, _: store.revision(),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("read", READS.values(), ids=READS.keys())
+def test_a_read_from_a_server_gone_silent_is_an_outage_and_the_same_store_reads_again(proxied, read, tmp_path):
+    _, url, proxy = proxied
+    with open_store(url) as store:
+        assert store.write(batch_events("reads", 0, 20)).stored == 20
+        before = read(store, tmp_path)  # answered, and the connection pooled
+        assert before
+        proxy.frozen.set()
+        with pytest.raises(StoreUnavailable, match=no_answer(proxy)):
+            read(store, tmp_path)
+        proxy.frozen.clear()
+        assert read(store, tmp_path) == before
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("query", [["stats", "tools"], ["programs"], ["timeline", "p"], ["export", "--out", "t.jsonl"],
+                                   ["db", "upgrade"]], ids=lambda q: q[0])
+def test_a_query_command_on_a_silent_server_says_so_in_one_line_and_exits_1(proxied, query, tmp_path, monkeypatch, capsys):
+    _, url, proxy = proxied
+    monkeypatch.chdir(tmp_path)
+    open_store(url).close()  # a maitred database, so the command gets past the existence check
+    monkeypatch.setattr(maitred.cli, "SessionStore", partial(SessionStore, read_timeout_s=READ_TIMEOUT_S))
+    with silent_once_connected(proxy):
+        assert maitred.cli.main([*query, "--db", url]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("maitred: error: database unavailable: ") and err.endswith(f"(no answer within {READ_TIMEOUT_S:g} s)")
+    assert f":{proxy.port}/" in err and not list(tmp_path.iterdir())
+
+
+@pytest.mark.timeout(60)
+def test_a_healthy_read_longer_in_all_than_the_bound_is_not_cut(proxied, tmp_path):
+    """The bound is on each wait: an export running a statement per program, each answered in
+    a fraction of ``read_timeout_s``, takes longer than it in all and still completes."""
+    _, url, _ = proxied
+    programs = 20
+    with open_store(url) as store:
+        for i in range(programs):
+            store.write(batch_events(f"p{i}", 0, 4))
+
+        def slow(*_event: Any) -> None:
+            time.sleep(READ_TIMEOUT_S / 8)
+
+        event.listen(store.engine, "before_cursor_execute", slow)
+        assert store.export_trace(tmp_path / "t.jsonl") == programs  # over 20 statements: over 5 s
