@@ -106,6 +106,9 @@ class StoreWriter:
                 if self.on_open is not None:
                     try:
                         self.on_open(store)
+                    except StoreUnavailable as exc:  # a server gone silent: say so, no traceback
+                        log.warning("maitred: reading tool statistics from the store failed (%s); readiness "
+                                    "starts without history", exc)
                     except Exception:
                         log.exception("maitred: reading tool statistics from the store failed")
                 return True

@@ -1,0 +1,34 @@
+"""The gateway's store writer (maitred/runtime/service/persist.py) on a real SQLite store."""
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from maitred.events import ToolStart
+from maitred.runtime.service.persist import StoreWriter
+from maitred.storage import SessionStore, StoreUnavailable
+from tests.helpers import wait_until
+
+
+def test_a_silent_server_while_seeding_is_one_warning_and_events_are_still_written(tmp_path: Path,
+                                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Reading the tool statistics at start-up fails with StoreUnavailable (a PostgreSQL
+    server that stopped answering): one warning line without a traceback, and the writer
+    goes on storing events."""
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+
+    def seed(store: SessionStore) -> None:
+        raise StoreUnavailable("database unavailable: postgresql://db:5432/m (no answer within 30 s)")
+
+    caplog.set_level(logging.WARNING, logger="maitred")
+    writer = StoreWriter(lambda: SessionStore(url), on_open=seed, interval_s=0.01)
+    try:
+        writer.submit([ToolStart(ts=1.0, program_id="p", call_id="c", tool="Bash")])
+        assert wait_until(lambda: writer.stored == 1, timeout=10)
+    finally:
+        writer.close()
+    seeding = [r for r in caplog.records if "tool statistics" in r.getMessage()]
+    assert len(seeding) == 1 and seeding[0].levelno == logging.WARNING and seeding[0].exc_info is None
+    assert "no answer within 30 s" in seeding[0].getMessage()
+    assert [e["program_id"] for e in SessionStore(url).events("p")] == ["p"]
