@@ -282,16 +282,18 @@ def test_hicache_write_policy_decides_when_kv_is_copied_to_host_memory(policy: s
     assert again["meta_info"]["cached_tokens_details"]["host"] > 0
 
 
-@pytest.mark.parametrize("cpu_tokens", [0, 10_000])
-def test_kv_events_tell_what_the_next_request_will_find_cached(cpu_tokens: int) -> None:
+@pytest.mark.parametrize(("cpu_tokens", "policy"), [(0, "write_through"), (10_000, "write_through"), (10_000, "write_back")])
+def test_kv_events_tell_what_the_next_request_will_find_cached(cpu_tokens: int, policy: str) -> None:
     """With --kv-events-config the double publishes SGLang-format KV events; the residency the
     tracker folds from them for a session (on the GPU, or in host memory with HiCache) is what
-    that session's next request finds cached (to the 16-token block), before and after eviction."""
+    that session's next request finds cached (to the 16-token block), before and after eviction.
+    With write-through the host holds a copy of the whole context; with write-back only what
+    was evicted, stored under the GPU part it continues."""
     pytest.importorskip("zmq", reason="the kv-events extra (pyzmq) is not installed")
     from maitred.runtime.service.kv_events import KVEventSubscriber, endpoints_from_server_info
 
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    config = SimWorkerConfig(port=0, gpu_tokens=3_500, cpu_tokens=cpu_tokens, time_scale=50.0,
+    config = SimWorkerConfig(port=0, gpu_tokens=3_500, cpu_tokens=cpu_tokens, time_scale=50.0, hicache_write_policy=policy,
                              kv_events_config=json.dumps({"publisher": "zmq", "endpoint": endpoint}))
     system = {"role": "system", "content": SYSTEM}
     with SimWorkerThread(config) as w, httpx.Client() as client:
@@ -317,14 +319,18 @@ def test_kv_events_tell_what_the_next_request_will_find_cached(cpu_tokens: int) 
             first = step("prog-a", a)
             assert sub.tracker.session_tokens("prog-a") == first["usage"]["total_tokens"] // 16 * 16
             a += [first["choices"][0]["message"], {"role": "user", "content": "go on"}]
-            step("prog-b", [system, {"role": "user", "content": _words("b", 1200)}])
-            step("prog-c", [system, {"role": "user", "content": _words("c", 1500)}])
+            b = step("prog-b", [system, {"role": "user", "content": _words("b", 1200)}])
+            c = step("prog-c", [system, {"role": "user", "content": _words("c", 1500)}])
             on_gpu = sub.tracker.session_tokens("prog-a")
             on_host = sub.tracker.session_tokens("prog-a", "CPU_PINNED")
+            held = sub.tracker.held_tokens("GPU") + sub.tracker.held_tokens("CPU_PINNED")
+            computed = sum(r["usage"]["total_tokens"] for r in (first, b, c))
             cached = step("prog-a", a)["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert on_gpu < first["usage"]["total_tokens"]  # C evicted part of A from the GPU
     assert (on_host > on_gpu) == bool(cpu_tokens)   # HiCache kept a host copy
     assert 0 <= cached - max(on_gpu, on_host) < 16
+    if policy == "write_back":  # nothing is in both media: the host holds only what left the GPU
+        assert held <= computed
     assert sub.malformed == 0 and sub.tracker.orphans == 0
 
 

@@ -4,7 +4,8 @@ With ``--kv-events-config '{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:555
 flag and JSON) the double publishes its cache changes on a ZMQ PUB socket exactly as SGLang
 0.5.23 does (see ``kv_events`` for the format): after every change of the engine model, each
 program's resident length on the GPU and in host memory is compared with what was last
-published, and the difference goes out as ``BlockStored`` / ``BlockRemoved`` events over
+published (in host memory a range of it under write-back: what was evicted), and the
+difference goes out as ``BlockStored`` / ``BlockRemoved`` events over
 16-token blocks (``medium`` ``GPU`` or ``CPU_PINNED``), carrying the ``session_id`` of the
 program's latest request. Blocks shared by several programs (an agent's system prompt) are
 stored once and removed when the last holder lets them go, as in a radix tree. The block hashes
@@ -76,7 +77,7 @@ class KVEventPublisher:
             raise ValueError(f"--kv-events-config: cannot bind {config.endpoint} ({exc})") from None
         self._topic = config.topic.encode()
         self._seq = 0
-        self._claimed: dict[str, dict[str, list[int]]] = {}     # program -> medium -> its block hashes
+        self._claimed: dict[str, dict[str, dict[int, int]]] = {}  # program -> medium -> page -> block hash
         self._holders: dict[tuple[str, int], int] = {}          # (medium, block) -> programs holding it
 
     def close(self) -> None:
@@ -91,34 +92,38 @@ class KVEventPublisher:
                 continue
             prefix = worker.prefixes.get(seg.agent)
             shared = prefix.tokens if prefix is not None else 0
-            lengths = (min(len(tokens), shared + seg.gpu) if seg.gpu or (prefix and prefix.resident) else 0,
-                       min(len(tokens), shared + seg.host) if seg.host else 0)
-            for medium, length in zip(MEDIA, lengths):
-                self._resize(pid, medium, tokens, length // PAGE, events)
+            gpu = min(len(tokens), shared + seg.gpu) if seg.gpu or (prefix and prefix.resident) else 0
+            host = (min(len(tokens), shared + seg.host_from), min(len(tokens), shared + seg.host)) if seg.host else (0, 0)
+            self._resize(pid, MEDIA[0], tokens, 0, gpu // PAGE, events)
+            self._resize(pid, MEDIA[1], tokens, host[0] // PAGE, host[1] // PAGE, events)
         for pid in [p for p in self._claimed if p not in worker.segments]:
             for medium in MEDIA:
-                self._resize(pid, medium, [], 0, events)
+                self._resize(pid, medium, [], 0, 0, events)
             del self._claimed[pid]
         if events:
             payload = self._pack([time.time(), events, None])
             self._socket.send_multipart([self._topic, self._seq.to_bytes(8, "big"), payload])
             self._seq += 1
 
-    def _resize(self, pid: str, medium: str, tokens: list[int], pages: int, events: list[dict[str, Any]]) -> None:
-        held = self._claimed.setdefault(pid, {}).setdefault(medium, [])
-        if pages == len(held):
+    def _resize(self, pid: str, medium: str, tokens: list[int], lo: int, hi: int, events: list[dict[str, Any]]) -> None:
+        """Publish ``pid``'s pages ``[lo, hi)`` as what ``medium`` holds of it."""
+        held = self._claimed.setdefault(pid, {}).setdefault(medium, {})
+        if len(held) == max(hi - lo, 0) and (not held or (min(held) == lo and max(held) == hi - 1)):
             return
-        if pages < len(held):
-            gone = [h for h in held[pages:] if self._release(medium, h)]
-            del held[pages:]
-            if gone:
-                events.append({"type": "BlockRemoved", "block_hashes": gone, "medium": medium})
+        gone = [h for h in (held.pop(i) for i in sorted(held) if not lo <= i < hi) if self._release(medium, h)]
+        if gone:
+            events.append({"type": "BlockRemoved", "block_hashes": gone, "medium": medium})
+        missing = [i for i in range(lo, hi) if i not in held]
+        if not missing:
             return
-        start = len(held)
-        held.extend(chain_from(tokens[:pages * PAGE], start, held[-1] if held else 0))
+        known = 0  # pages [0, known) of the chain are held here already, so hashing starts after them
+        while known in held:
+            known += 1
+        chain = [held[i] for i in range(known)] + chain_from(tokens[:hi * PAGE], known, held[known - 1] if known else 0)
         runs: list[list[int]] = []   # contiguous runs of newly stored pages, one event each (as SGLang merges them)
-        for i in range(start, pages):
-            if self._claim(medium, held[i]):
+        for i in missing:
+            held[i] = chain[i]
+            if self._claim(medium, chain[i]):
                 if runs and runs[-1][-1] == i - 1:
                     runs[-1].append(i)
                 else:
@@ -126,8 +131,8 @@ class KVEventPublisher:
         session = self.engine.sessions.get(pid)
         for run in runs:
             event: dict[str, Any] = {
-                "type": "BlockStored", "block_hashes": [held[i] for i in run],
-                "parent_block_hash": held[run[0] - 1] if run[0] else None,
+                "type": "BlockStored", "block_hashes": [chain[i] for i in run],
+                "parent_block_hash": chain[run[0] - 1] if run[0] else None,
                 "token_ids": tokens[run[0] * PAGE:(run[-1] + 1) * PAGE], "block_size": PAGE, "lora_id": None,
                 "medium": medium}
             if session is not None:
