@@ -324,7 +324,8 @@ def cmd_bench_replay(args: argparse.Namespace) -> int:
     _writable_folder("--out", out)
     matrix = Matrix(args.trace, args.policy, args.concurrency, args.cpu_ratio, args.duration, args.seed,
                     args.workers, args.gpu_tokens, use_signature=args.history == "signature",
-                    busy_margin=args.busy_margin, overcommit_headroom=args.overcommit_headroom)
+                    busy_margin=args.busy_margin, overcommit_headroom=args.overcommit_headroom,
+                    period_s=args.period, hold_timeout_s=args.hold_timeout)
     total = len(matrix.configs())
     console.print(f"{trace.name}: {len(trace.programs)} programs; {total} runs of {args.duration:.0f} simulated s "
                   f"on {args.jobs or 'all'} processes; engine: {profile.name}")
@@ -423,6 +424,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="maitred's GPU-tier fill, as maitred serve --busy-margin (default: 0.9)")
     p.add_argument("--overcommit-headroom", type=bounded(0.0, 10.0),
                    help="maitred's admitted KV beyond GPU and host, in GPUs, as maitred serve (default: 0.4)")
+    p.add_argument("--period", type=seconds, help="step period for every policy, in s (default: each policy's own: "
+                                                  "5 for ThunderAgent and MORI, 1 for maitred and TAO)")
+    p.add_argument("--hold-timeout", type=bounded(0.0, 1e9), help="seconds a held request waits before it is forced in, "
+                                                                  "for every policy (default: each policy's own, 1800)")
     p.add_argument("--jobs", type=whole(1), help="processes (default: all cores)")
     p.add_argument("--out", required=True, help="folder for results.json, report.md and the PNG plots")
 

@@ -323,6 +323,31 @@ def test_bench_cli_sizing_flags_reach_maitreds_signal_config(tmp_path, monkeypat
     assert (matrix["busy_margin"], matrix["overcommit_headroom"]) == (0.5, 0.0)
 
 
+def test_bench_cli_period_and_hold_flags_reach_every_policys_run(tmp_path, monkeypatch):
+    """``--period`` / ``--hold-timeout`` replace each policy's own step period and hold bound
+    (the cadence ablations in BENCHMARKS.md); the report and results say which values ran."""
+    from maitred.cli import main
+    from maitred.sim import replay
+
+    seen = set()
+    real = replay.Replay.__post_init__
+
+    def spy(self):
+        real(self)
+        seen.add((self.cfg.policy, self.cfg.period, self.cfg.hold))
+
+    monkeypatch.setattr(replay.Replay, "__post_init__", spy)
+    out = tmp_path / "cadence"
+    assert main(["bench", "replay", "--trace", "synthetic:claude-code?programs=10&max_steps=20", "--policy",
+                 "maitred,mori", "--concurrency", "4", "--cpu-ratio", "1", "--duration", "60", "--period", "2.5",
+                 "--hold-timeout", "60", "--jobs", "1", "--out", str(out)]) == 0
+    assert {(policy, period, hold) for policy, period, hold in seen if policy != "round_robin"} == {
+        ("maitred", 2.5, 60.0), ("mori", 2.5, 60.0)}
+    assert "every policy's step period (s) 2.5; every policy's hold bound (s) 60." in (out / "report.md").read_text()
+    matrix = json.loads((out / "results.json").read_text())["matrix"]
+    assert (matrix["period_s"], matrix["hold_timeout_s"]) == (2.5, 60.0)
+
+
 def test_bench_cli_rejects_bad_flags(capsys):
     from maitred.cli import main
 

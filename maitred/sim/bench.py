@@ -35,10 +35,13 @@ class Matrix:
     use_signature: bool = True   # readiness history per tool signature, else per tool (SPEC 7.2)
     busy_margin: float | None = None          # maitred's tier sizing (None: the default)
     overcommit_headroom: float | None = None
+    period_s: float | None = None             # every policy's step period (None: each its own)
+    hold_timeout_s: float | None = None       # every policy's hold bound (None: each its own)
 
     def configs(self) -> list[tuple[RunConfig, bool]]:
         def config(p: str, c: int, r: float) -> RunConfig:
             return RunConfig(p, c, r, self.duration_s, self.seed, self.workers, self.gpu_tokens,
+                             period_s=self.period_s, hold_timeout_s=self.hold_timeout_s,
                              use_signature=self.use_signature, busy_margin=self.busy_margin,
                              overcommit_headroom=self.overcommit_headroom)
 
@@ -119,8 +122,10 @@ def report_markdown(matrix: Matrix, records: Sequence[dict], command: str) -> st
     lines = [f"# Replay: {matrix.trace}", "", f"Command: `{command}`", "",
              f"{matrix.duration_s:.0f} simulated seconds per run, seed {matrix.seed}, {matrix.workers} worker(s)"
              + ("" if matrix.use_signature else "; readiness from per-tool history (--history tool)")
-             + "".join(f"; maitred's {name} {value:g}" for name, value in (
-                 ("busy margin", matrix.busy_margin), ("overcommit headroom", matrix.overcommit_headroom)) if value is not None)
+             + "".join(f"; {name} {value:g}" for name, value in (
+                 ("maitred's busy margin", matrix.busy_margin), ("maitred's overcommit headroom", matrix.overcommit_headroom),
+                 ("every policy's step period (s)", matrix.period_s),
+                 ("every policy's hold bound (s)", matrix.hold_timeout_s)) if value is not None)
              + ".", ""]
     tables = [("Throughput (output tokens/s)", "throughput_tok_s", "{:.0f}"),
               ("Mean TTFT (s)", "ttft_mean_s", "{:.2f}"), ("p95 TTFT (s)", "ttft_p95_s", "{:.2f}"),
