@@ -9,11 +9,11 @@ hiradix_cache.py``, ``evict``), so GPU and host add up, but every eviction waits
 (``writing_check(write_back=True)`` blocks the scheduler). The room write-back adds is
 ``(1 + R) / max(1, R)`` for a host pool of R GPUs: 2× at R = 1, 1.5× at R = 2.
 
-Measured on the replay (one hour, C = 80, H100 profile): at R = 1 write-back gives maitred
-654 against 586 tok/s on tools ×4 and 852 against 835 on the synthetic Claude Code mix, and the
-same on SWE-agent (1,060 against 1,063); at R = 2 it gains nothing and costs up to 2% on
-SWE-agent (1,102 against 1,125), whose evictions are frequent and whose idle programs are few.
-So write-back below ``WRITE_BACK_BELOW_RATIO``, write-through from there on.
+Measured on the replay (one hour, C = 80, H100 profile; BENCHMARKS.md, ``write-policy``
+matrices): at R = 1 write-back gives maitred 639 against 576 tok/s on tools ×4 and 1,069
+against 1,055 on SWE-agent; at R = 2 it gained nothing when the rule was chosen and cost up to
+2% on SWE-agent (1,102 against 1,125), whose evictions are frequent and whose idle programs
+are few. So write-back below ``WRITE_BACK_BELOW_RATIO``, write-through from there on.
 """
 
 WRITE_BACK_BELOW_RATIO = 2.0
