@@ -3,7 +3,8 @@
 
     python benchmarks/replay_summary.py docs/replay/synthetic docs/replay/swe ...
 
-For each folder (label: its name), every cell under memory pressure (C ≥ 50): maitred's
+For each folder (label: its name), every cell under memory pressure (one worker: C ≥ 50; at
+C = 20 every policy ties; several workers: every cell): maitred's
 throughput, the best baseline's, the ratio, maitred's mean TTFT against that baseline's and the
 best TTFT of any baseline, maitred as a share of ``clairvoyant`` and ``unlimited``, and
 maitred's tier moves per hour. Then the range of the ratio over all cells.
@@ -14,12 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from maitred.sim.bench import UNLIMITED, best_baseline
-
-
-def _cell(runs: list[dict], policy: str, c: int, r: float) -> dict | None:
-    return next((x for x in runs if x["policy"] == policy and x["concurrency"] == c
-                 and (policy == UNLIMITED or x["cpu_ratio"] == r)), None)
+from maitred.sim.bench import UNLIMITED, best_baseline, cell
 
 
 def rows(folder: Path) -> list[tuple[str, float]]:
@@ -30,12 +26,12 @@ def rows(folder: Path) -> list[tuple[str, float]]:
         if matrix["workers"] == 1 and c < 50:
             continue
         for r in matrix["cpu_ratios"]:
-            ours, best = _cell(runs, "maitred", c, r), best_baseline(runs, c, r, "throughput_tok_s")
+            ours, best = cell(runs, "maitred", c, r), best_baseline(runs, c, r, "throughput_tok_s")
             fastest = best_baseline(runs, c, r, "ttft_mean_s", lower=True)
             if ours is None or best is None or fastest is None:
                 continue
             hours = ours["duration_s"] / 3600
-            seer, limit = _cell(runs, "clairvoyant", c, r), _cell(runs, UNLIMITED, c, r)
+            seer, limit = cell(runs, "clairvoyant", c, r), cell(runs, UNLIMITED, c, r)
             ratio = ours["throughput_tok_s"] / best["throughput_tok_s"]
             ttft = (ours["ttft_mean_s"] / best["ttft_mean_s"] - 1) * 100
             print(f"| {folder.name} | {c} ×{r:g} | {ours['throughput_tok_s']:.0f} | {best['policy']} "
@@ -55,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| matrix | C ×host | maitred tok/s | best baseline | × | maitred mean TTFT (vs that baseline; best TTFT) "
           "| × clairvoyant | × unlimited | tier moves/h |")
     print("|---|---|---|---|---|---|---|---|---|")
-    cells = [cell for folder in args.folders for cell in rows(folder)]
+    cells = [row for folder in args.folders for row in rows(folder)]
     if not cells:
         print("no cell with maitred and a baseline", file=sys.stderr)
         return 1

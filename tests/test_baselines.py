@@ -104,6 +104,21 @@ def test_write_back_keeps_more_than_the_gpu_on_a_host_pool_the_size_of_the_gpu()
     assert third_visit(True).recomputed == 0
 
 
+def test_write_back_never_drops_the_host_copy_a_promotion_is_loading():
+    """p's 5,000 tokens are in host memory (a 5,000-token pool) and promoted; the room they
+    need pushes q off the GPU, and q's write-back needs host room too. It must not take p's
+    copy, which is being loaded: q's blocks are lost instead, and p's next request hits what
+    was loaded."""
+    w = Worker("w", PROFILE, gpu_tokens=10_000, host_tokens=5_000, offload=True, write_back=True)
+    for pid in ("p", "q", "r"):
+        finish(w, req(pid, 4_990), t=w.t)
+    assert (w.segments["p"].gpu, w.segments["p"].host) == (0, 5_000)
+    assert w.promote("p", w.t)
+    assert w.segments["p"].host == 5_000 and w.segments["q"].host == 0
+    again = finish(w, req("p", 5_000, output=1), t=w.t)
+    assert again.hit_tokens == 5_000 and again.recomputed == 0
+
+
 def test_stock_host_eviction_never_takes_the_copy_of_a_gpu_resident_block():
     w = Worker("w", PROFILE, gpu_tokens=100_000, host_tokens=10_000, offload=True)
     finish(w, req("q", 6_000))

@@ -299,6 +299,20 @@ def test_maitred_holds_room_for_a_new_program_whose_first_request_is_overdue():
     assert overdue.tier_moves == () and [a.program_id for a in overdue.assignments] == ["new"]
 
 
+def test_room_held_for_an_overdue_program_that_does_not_fit_yet_is_kept_from_promotions_only():
+    """A 7,000-token GPU with a 3,000-token reasoning filler: 4,000 free. big (new, overdue,
+    5,000) does not fit yet; back (returning from host memory, 1,000) is not promoted into the
+    room held for big, but small (new, arrived 1 s ago, 3,000) is placed in it."""
+    big = program("big", tokens=4_488, phase=Phase.REASONING)
+    big.phase_since = NOW - (OVERDUE_S + 100)
+    small = program("small", tokens=2_488, phase=Phase.REASONING)
+    small.phase_since = NOW - 1
+    back = program("back", tokens=488, home="w0", tier=Tier.CPU, returned=True, cycles=[(2, 8)])
+    filler = program("filler", tokens=2_488, phase=Phase.REASONING, home="w0", tier=Tier.GPU)
+    decision = Scheduler(state([("w0", 7_000, 7_000)], [big, small, back, filler], TIGHT), "maitred").tick(NOW)
+    assert decision.tier_moves == () and [a.program_id for a in decision.assignments] == ["small"]
+
+
 def test_all_reasoning_marks_the_most_idle_for_lazy_demotion_then_moves_it_after_its_step():
     a = program("a", tokens=5_488, phase=Phase.REASONING, home="w0", tier=Tier.GPU, cycles=[(1, 9)] * 3)
     b = program("b", tokens=5_488, phase=Phase.REASONING, home="w0", tier=Tier.GPU, cycles=[(5, 5)] * 3)

@@ -394,3 +394,25 @@ def test_built_in_profiles_load_by_name_and_follow_their_sources():
     big = EngineProfile.load("b200x2-70b")
     assert big.kv_bytes_per_token == 2 * 80 * 8 * 128 * 2 and big.gpu_kv_tokens < PROFILE.gpu_kv_tokens
     assert EngineProfile.load("h200-7b").gpu_kv_tokens > PROFILE.gpu_kv_tokens
+
+
+def test_replay_summary_prints_the_cross_matrix_row_of_each_cell_under_pressure(tmp_path):
+    """benchmarks/replay_summary.py reads a bench replay folder: one row per cell at C ≥ 50 (one
+    worker) with maitred's throughput over the best baseline's, and the range over all rows."""
+    import subprocess
+    import sys
+
+    from maitred.cli import main
+
+    out = tmp_path / "m"
+    assert main(["bench", "replay", "--trace", "synthetic:claude-code?programs=10&max_steps=20", "--policy",
+                 "thunderagent_offload,maitred", "--concurrency", "20,50", "--cpu-ratio", "1", "--duration", "120",
+                 "--jobs", "1", "--out", str(out)]) == 0
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    ours, theirs = (next(r["throughput_tok_s"] for r in runs if r["policy"] == p and r["concurrency"] == 50)
+                    for p in ("maitred", "thunderagent_offload"))
+    script = Path(__file__).parents[1] / "benchmarks" / "replay_summary.py"
+    printed = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, check=True).stdout
+    rows = [line for line in printed.splitlines() if line.startswith("| m |")]
+    assert len(rows) == 1 and rows[0].startswith(f"| m | 50 ×1 | {ours:.0f} | thunderagent_offload {theirs:.0f} |")
+    assert f"**{ours / theirs:.2f}×**" in rows[0] and "over 1 cells" in printed

@@ -109,7 +109,7 @@ def _ratio(a: dict | None, b: dict | None, key: str) -> float | None:
     return float(a[key] / b[key])
 
 
-def _cell(records: Sequence[dict], policy: str, concurrency: int, ratio: float) -> dict | None:
+def cell(records: Sequence[dict], policy: str, concurrency: int, ratio: float) -> dict | None:
     for r in records:
         if r["policy"] == policy and r["concurrency"] == concurrency and (policy == UNLIMITED or r["cpu_ratio"] == ratio):
             return r
@@ -140,7 +140,7 @@ def report_markdown(matrix: Matrix, records: Sequence[dict], command: str) -> st
             cells = []
             for c in concs:
                 for r in ratios:
-                    rec = _cell(records, policy, c, r)
+                    rec = cell(records, policy, c, r)
                     cells.append(fmt.format(rec[key]) if rec and _usable(rec[key]) else "-")
             lines.append(f"| {policy} | " + " | ".join(cells) + " |")
         lines.append("")
@@ -150,8 +150,8 @@ def report_markdown(matrix: Matrix, records: Sequence[dict], command: str) -> st
                   "|---|---|---|---|---|---|"]
         for c in concs:
             for r in ratios:
-                ours, limit, oracle = _cell(records, "maitred", c, r), _cell(records, UNLIMITED, c, r), _cell(records, "oracle", c, r)
-                seer = _ratio(ours, _cell(records, "clairvoyant", c, r), "throughput_tok_s")
+                ours, limit, oracle = cell(records, "maitred", c, r), cell(records, UNLIMITED, c, r), cell(records, "oracle", c, r)
+                seer = _ratio(ours, cell(records, "clairvoyant", c, r), "throughput_tok_s")
                 tput, ttft = best_baseline(records, c, r, "throughput_tok_s"), best_baseline(records, c, r, "ttft_mean_s", lower=True)
                 speedup, ttft_ratio = _ratio(ours, tput, "throughput_tok_s"), _ratio(ours, ttft, "ttft_mean_s")
                 if speedup is None or ttft_ratio is None or tput is None or ttft is None:
@@ -175,7 +175,7 @@ def preprefill_markdown(records: Sequence[dict], concs: Sequence[int], ratios: S
              "|---|---|---|---|---|"]
     for c in concs:
         for r in ratios:
-            on, off = _cell(records, "maitred", c, r), _cell(records, "maitred_no_preprefill", c, r)
+            on, off = cell(records, "maitred", c, r), cell(records, "maitred_no_preprefill", c, r)
             if on is None or off is None:
                 continue
             consumer = _ratio(on, off, "handoff_ttft_mean_s")
@@ -203,7 +203,7 @@ def plot(matrix: Matrix, records: Sequence[dict], out: Path) -> list[Path]:
             for policy in list(matrix.policies) + [UNLIMITED]:
                 xs, ys = [], []
                 for c in matrix.concurrencies:
-                    rec = _cell(records, policy, c, ratio)
+                    rec = cell(records, policy, c, ratio)
                     if rec and rec[key] is not None and math.isfinite(rec[key]):
                         xs.append(c)
                         ys.append(rec[key])

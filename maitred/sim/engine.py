@@ -159,36 +159,37 @@ class Worker:
             seg = self.segments[key]
             take = min(seg.gpu, need)
             if self.offload and self.write_back:
-                self._write_back(key, seg, seg.gpu - take)
+                self._write_back(key, seg, seg.gpu - take, busy)
             seg.gpu -= take
             self.gpu_used -= take
             need -= take
 
-    def _to_host(self, pid: str, seg: Segment, tokens: int) -> int:
-        """Copy the first ``tokens`` of ``pid``'s context to host memory (what is already there
-        is not resent), evicting other host copies to make room; what still does not fit is not
-        copied. Returns the tokens copied."""
+    def _to_host(self, pid: str, seg: Segment, tokens: int) -> None:
+        """Write-through (a host copy is then a prefix, ``host_from`` 0): copy the first
+        ``tokens`` of ``pid``'s context to host memory (what is already there is not resent),
+        evicting other host copies to make room; what still does not fit is not copied."""
         extra = max(tokens - seg.host, 0)
         if extra == 0:
-            return 0
+            return
         short = extra - (self.host_tokens - self.host_used)
         if short > 0:
-            self._evict_host(short, pid)
+            self._evict_host(short, {pid})
             extra = min(extra, self.host_tokens - self.host_used)
         if extra <= 0:
-            return 0
+            return
         seg.host += extra
         self.host_used += extra
         self.stats.transfer_bytes += extra * self.profile.kv_bytes_per_token
-        return extra
 
-    def _write_back(self, pid: str, seg: Segment, start: int) -> None:
+    def _write_back(self, pid: str, seg: Segment, start: int, keep: set[str]) -> None:
         """Write-back eviction of ``pid``'s GPU tokens from ``start`` on: copy what has no host
         copy yet, so the host copy becomes one range with them; the scheduler waits for the
         copy. In the rare case of a gap between an older copy and the evicted tokens, the gap
         (still on the GPU) is copied too; an older copy that no longer joins the GPU part (the
-        GPU tokens before it were lost) is given up. Without room for the copy the blocks are
-        lost, as when SGLang cannot allocate host memory for them."""
+        GPU tokens before it were lost) is given up. Room is made by dropping other host copies,
+        never those of ``keep`` (the programs being served, whose copies are about to load).
+        Without room for the copy the blocks are lost, as when SGLang cannot allocate host
+        memory for them."""
         if seg.host_from > seg.gpu:
             self.host_used -= seg.host - seg.host_from
             seg.host = seg.host_from = 0
@@ -198,7 +199,7 @@ class Worker:
             return
         short = copied - (self.host_tokens - self.host_used)
         if short > 0:
-            self._evict_host(short, pid)
+            self._evict_host(short, keep | {pid})
             if copied > self.host_tokens - self.host_used:
                 return
         seg.host_from, seg.host = lo, hi
@@ -206,7 +207,7 @@ class Worker:
         self.stats.transfer_bytes += copied * self.profile.kv_bytes_per_token
         self.stalled_until = max(self.stalled_until, self.t) + self.profile.load_s(copied)
 
-    def _evict_host(self, short: int, keep: str) -> None:
+    def _evict_host(self, short: int, keep: set[str]) -> None:
         """Free ``short`` host tokens, tail first, in LRU order (tier ranks first when the policy
         types eviction). Stock HiCache only takes host copies of blocks already evicted from
         the GPU (the part of a copy beyond ``gpu``); MORI's patch may take any copy."""
@@ -218,7 +219,7 @@ class Worker:
         for other_pid, other in sorted(self.segments.items(), key=rank):
             if short <= 0:
                 break
-            if other_pid == keep or other_pid in busy:
+            if other_pid in keep or other_pid in busy:
                 continue
             floor = max(0 if self.host_evicts_gpu_copies else other.gpu, other.host_from)
             take = min(max(other.host - floor, 0), short)
