@@ -29,6 +29,7 @@ import orjson
 
 import maitred
 from maitred.middleware.emitter import EmitterSettings
+from maitred.runtime.model import HOLD_TIMEOUT_S
 from maitred.runtime.service.app import ServeConfig, build_app
 from maitred.runtime.service.background import BackgroundServer
 from maitred.runtime.service.launch import write_policy_for
@@ -50,7 +51,7 @@ class LiveDemoConfig:
     engine_speedup: float = 10.0    # the simulated GPUs run this much faster than the profiled one
     gpu_tokens: int = 120_000       # per worker: about half of the programs' contexts fit in the two
     cpu_tokens: int = 240_000       # per worker: HiCache host memory, twice the GPU pool
-    hold_timeout_s: float = 5.0      # the gateway default
+    hold_timeout_s: float = HOLD_TIMEOUT_S   # the gateway default
     policies: tuple[str, ...] = ("maitred", "round_robin")
 
     def __post_init__(self) -> None:

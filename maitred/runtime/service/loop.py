@@ -29,7 +29,7 @@ import httpx
 from maitred.events import Event, Handoff, LLMEnd, LLMStart, ProgramEnd, ToolEnd
 from maitred.runtime.decisions import Decision, Warmup
 from maitred.runtime.hicache import WRITE_BACK_BELOW_RATIO, write_back_for
-from maitred.runtime.model import SignalConfig, Tier, WorkerState
+from maitred.runtime.model import HOLD_TIMEOUT_S, SignalConfig, Tier, WorkerState
 from maitred.runtime.scheduler import Scheduler, free_after
 from maitred.runtime.service.metrics import Metrics, Tally, program_counts
 from maitred.runtime.service.persist import StoreWriter
@@ -52,10 +52,7 @@ class RuntimeConfig:
     policy: str = "maitred"
     tick_s: float = 1.0              # periodic scheduler step
     min_gap_s: float = 0.01          # event-driven steps closer than this are coalesced
-    # Bounded wait of a held request before forced admission. Short on purpose: the policies
-    # do not displace an idle GPU-tier program for a held one, so under memory pressure a held
-    # request often waits the whole bound, and every second of it is time to first token.
-    hold_timeout_s: float = 5.0
+    hold_timeout_s: float = HOLD_TIMEOUT_S   # bounded wait of a held request before forced admission
     poll_s: float = 1.0              # worker health and load polling
     fail_after: int = 3              # failed health checks in a row before a worker is declared down
     priority: bool = False           # set SGLang's request priority (--radix-eviction-policy priority)

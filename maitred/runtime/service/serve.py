@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from maitred.flags import bounded, port, positive, seconds
-from maitred.runtime.model import SignalConfig
+from maitred.runtime.model import HOLD_TIMEOUT_S, SignalConfig
 from maitred.runtime.service.bind import check_bindable
 
 if TYPE_CHECKING:
@@ -88,8 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=None,
                         help="bearer token required on ingest and admin endpoints (default: $MAITRED_TOKEN)")
     parser.add_argument("--tick", type=seconds, default=1.0, help="scheduler period in seconds (default: 1)")
-    parser.add_argument("--hold-timeout", type=seconds, default=5.0,
-                        help="longest a request is held before it is let through anyway (default: 5 s)")
+    parser.add_argument("--hold-timeout", type=seconds, default=HOLD_TIMEOUT_S,
+                        help="longest a request is held before it is let through anyway (default: "
+                             f"{HOLD_TIMEOUT_S:g} s; keep it under your clients' request timeout)")
     parser.add_argument("--busy-margin", type=bounded(0.0, 1.0, open_low=True), default=None,
                         help="maitred: share of GPU KV the expected busy set of admitted programs may fill "
                              f"(default: {SignalConfig().busy_margin:g})")
