@@ -22,16 +22,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
-from rich.console import Console
 from rich.table import Table
 
+from maitred.console import output_console
 from maitred.flags import bounded, seconds, whole
 from maitred.middleware.config import default_db_url
 from maitred.sim.traces import TraceError
 from maitred.storage import DatabaseTooNew, SessionStore, StoreError, normalize_db_url
 from maitred.storage.queries import ALL_TOOLS, parse_since
 
-console = Console()
+console = output_console()
 #: At most this many skipped trace records are listed one per line; the rest are counted.
 SKIPPED_SHOWN = 20
 #: Upper bounds that turn a typo into an error instead of an hour-long run or a database overflow.
@@ -187,7 +187,7 @@ def cmd_programs(args: argparse.Namespace) -> int:
         return 0
     table = Table(title=f"programs ({len(rows)} shown)")
     for name in ("program", "parent", "agent", "framework", "started", "duration", "status", "tools", "steps"):
-        table.add_column(name, justify="right" if name in ("duration", "tools", "steps") else "left")
+        table.add_column(name, justify="right" if name in ("duration", "tools", "steps") else "left", overflow="fold")
     for p in rows:
         duration = p.ended_at - p.started_at if p.ended_at and p.started_at else None
         table.add_row(
@@ -216,7 +216,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     origin = timeline.spans[0].start if timeline.spans else 0.0
     table = Table(title=f"program {args.program_id}")
     for name in ("t+", "phase", "name", "agent", "duration", "status"):
-        table.add_column(name)
+        table.add_column(name, overflow="fold")
     for s in timeline.spans:
         phase = {"llm": "reasoning", "tool": "acting", "wait": "waiting"}[s.kind]
         table.add_row(f"{s.start - origin:8.3f} s", phase, s.name, s.agent or "-", _fmt_s(s.duration_s), s.status or "open")

@@ -55,6 +55,27 @@ def test_programs_and_timeline(filled, capsys, tmp_path):
     assert "no program 'missing'" in capsys.readouterr().err
 
 
+def test_piped_tables_are_not_cut_to_80_columns(tmp_path):
+    """``maitred programs | less``: rich sizes output to 80 columns when stdout is not a
+    terminal, which cut a long program id short; piped output now has room for it, and an id
+    longer than any width folds onto a second line instead of losing its end."""
+    import os
+
+    from maitred.events import ProgramStart
+
+    url = f"sqlite:///{tmp_path / 'wide.db'}"
+    long_id = "swe-bench-django__django-11099-attempt-3-" + "x" * 19
+    with SessionStore(url) as store:
+        store.write([ProgramStart(ts=T0, program_id=long_id, agent="a-rather-long-agent-name-for-a-table")])
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    piped = subprocess.run([sys.executable, "-m", "maitred", "programs", "--db", url], capture_output=True,
+                           text=True, env=env, check=True).stdout
+    assert long_id in piped and "a-rather-long-agent-name-for-a-table" in piped and "…" not in piped
+    narrow = subprocess.run([sys.executable, "-m", "maitred", "programs", "--db", url], capture_output=True,
+                            text=True, env={**env, "COLUMNS": "80"}, check=True).stdout
+    assert "…" not in narrow and long_id[:5] in narrow and long_id.count("x") <= narrow.count("x")
+
+
 def test_export_and_db_upgrade(filled, capsys, tmp_path):
     assert main(["db", "upgrade", "--db", filled]) == 0
     assert "integrity check passed" in capsys.readouterr().out

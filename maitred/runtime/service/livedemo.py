@@ -248,10 +248,12 @@ def write_png(runs: list[RunSummary], path: Path) -> None:
 
 
 def print_summary(runs: list[RunSummary], png: Path | None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=max(Console().width, 110))
+    from maitred.console import output_console
+
+    console = output_console()
+    console.width = max(console.width, 110)  # the summary has eleven columns
     table = Table(title="the same programs, two policies (time to first token as the agents saw it)")
     rows = summary_rows(runs)
     labels = {"ttft_mean_s": "TTFT mean s", "ttft_p95_s": "TTFT p95 s", "cache_hit_rate": "cache hits",
