@@ -136,6 +136,25 @@ def test_tool_end_arriving_before_its_start_still_makes_one_complete_call(store)
     assert (span.start, span.end, span.status) == (T0, T0 + 3.0, "ok")
 
 
+def test_a_program_seen_only_through_the_gateway_lists_with_its_agent_and_first_event(store):
+    """The gateway records model calls but no program.start: the program is listed with the
+    agent of its first model call and the time of its first event. A program.start, when there
+    is one (even sent after the calls), still decides both."""
+    write(store, [
+        {"type": "llm.start", "ts": T0 + 5, "program_id": "gw", "agent": "coder", "request_id": "r1"},
+        {"type": "llm.end", "ts": T0 + 6, "program_id": "gw", "agent": "coder", "request_id": "r1",
+         "prompt_tokens": 10, "completion_tokens": 2},
+        {"type": "llm.start", "ts": T0 + 9, "program_id": "gw", "agent": "reviewer", "request_id": "r2"},
+        {"type": "llm.start", "ts": T0 + 1, "program_id": "sdk", "agent": "coder", "request_id": "r1"},
+        {"type": "program.start", "ts": T0, "program_id": "sdk", "agent": "planner"},
+    ])
+    listed = {p.program_id: (p.agent, p.started_at) for p in store.programs()}
+    assert listed == {"gw": ("coder", T0 + 5), "sdk": ("planner", T0)}
+    assert [p.program_id for p in store.programs(since=T0 + 2)] == ["gw"]
+    timeline = store.program("gw")
+    assert timeline is not None and (timeline.program.agent, timeline.program.started_at) == ("coder", T0 + 5)
+
+
 def test_program_timeline_has_phases_waits_and_busy_idle_totals(store):
     write(store, [
         {"type": "program.start", "ts": T0, "program_id": "p", "agent": "planner", "framework": "custom"},

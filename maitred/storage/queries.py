@@ -126,21 +126,38 @@ class ProgramSummary:
     llm_calls: int
 
 
+def _seen_agent_and_start() -> tuple[Any, Any]:
+    """A program's agent and start time, from its ``program.start``, else from what else was
+    recorded of it: a program seen only through the gateway (its model calls) has no
+    ``program.start``, and would otherwise list without either. The agent is that of its first
+    model call (else first tool call), the start its first event."""
+    def first_agent(row: Any) -> Any:
+        return (select(row.agent).where(row.program_id == ProgramRow.program_id, row.agent.is_not(None))
+                .order_by(row.started_at).limit(1).scalar_subquery())
+
+    agent = func.coalesce(ProgramRow.agent, first_agent(LLMCallRow), first_agent(ToolCallRow))
+    started = func.coalesce(ProgramRow.started_at, select(func.min(EventRow.ts))
+                            .where(EventRow.program_id == ProgramRow.program_id).scalar_subquery())
+    return agent, started
+
+
 def program_summaries(session: Session, *, since: float | None, limit: int) -> list[ProgramSummary]:
     tools = select(ToolCallRow.program_id, func.count().label("n")).group_by(ToolCallRow.program_id).subquery()
     llms = select(LLMCallRow.program_id, func.count().label("n")).group_by(LLMCallRow.program_id).subquery()
+    agent, started = _seen_agent_and_start()
     query = (
-        select(ProgramRow, func.coalesce(tools.c.n, 0), func.coalesce(llms.c.n, 0))
+        select(ProgramRow, agent, started, func.coalesce(tools.c.n, 0), func.coalesce(llms.c.n, 0))
         .outerjoin(tools, tools.c.program_id == ProgramRow.program_id)
         .outerjoin(llms, llms.c.program_id == ProgramRow.program_id)
-        .order_by(ProgramRow.started_at.desc().nulls_last(), ProgramRow.program_id)
+        .order_by(started.desc().nulls_last(), ProgramRow.program_id)
         .limit(limit)
     )
     if since is not None:
-        query = query.where(ProgramRow.started_at >= since)
+        query = query.where(started >= since)
     return [
-        ProgramSummary(p.program_id, p.parent_program_id, p.agent, p.framework, p.started_at, p.ended_at, p.status, n_tools, n_llm)
-        for p, n_tools, n_llm in session.execute(query)
+        ProgramSummary(p.program_id, p.parent_program_id, seen_agent, p.framework, seen_start, p.ended_at, p.status,
+                       n_tools, n_llm)
+        for p, seen_agent, seen_start, n_tools, n_llm in session.execute(query)
     ]
 
 
@@ -204,12 +221,14 @@ def program_timeline(session: Session, program_id: str) -> ProgramTimeline | Non
 
 
 def _summary(session: Session, program_id: str) -> ProgramSummary | None:
-    row = session.get(ProgramRow, program_id)
-    if row is None:
+    agent, started = _seen_agent_and_start()
+    found = session.execute(select(ProgramRow, agent, started).where(ProgramRow.program_id == program_id)).first()
+    if found is None:
         return None
+    row, seen_agent, seen_start = found
     n_tools = session.scalar(select(func.count()).where(ToolCallRow.program_id == program_id)) or 0
     n_llm = session.scalar(select(func.count()).where(LLMCallRow.program_id == program_id)) or 0
-    return ProgramSummary(row.program_id, row.parent_program_id, row.agent, row.framework, row.started_at,
+    return ProgramSummary(row.program_id, row.parent_program_id, seen_agent, row.framework, seen_start,
                           row.ended_at, row.status, n_tools, n_llm)
 
 
