@@ -221,6 +221,14 @@ def emit_calls(program_id: str, calls: int) -> int:
     return 2 * calls + 2
 
 
+def assert_nothing_lost_across_fork(in_child: dict[str, Any], parent_warnings: list[str], stats: Any, emitted: int) -> None:
+    """Both sides of a fork delivered every event they emitted, dropped none and warned of
+    nothing (``in_child``: the child's ``child_report``; ``stats``: the parent's emitter stats)."""
+    assert (in_child["warnings"], parent_warnings) == ([], [])
+    assert (in_child["delivered"], in_child["dropped"], in_child["last_error"]) == (in_child["emitted"], 0, None)
+    assert (stats.delivered, stats.dropped, stats.last_error) == (emitted, 0, None)
+
+
 def child_report(pid: int, report_r: int) -> dict[str, Any]:
     """What a forked child wrote on ``report_r`` (JSON) before exiting with status 0."""
     report = b"".join(iter(lambda: os.read(report_r, 65536), b""))

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -132,33 +132,32 @@ def open_store(url: str) -> SessionStore:
 
 
 @contextmanager
-def silent_once_connected(proxy: FreezingProxy) -> Iterator[None]:
+def _listening(target: Any, name: str, fn: Callable[..., None]) -> Iterator[None]:
+    event.listen(target, name, fn)
+    try:
+        yield
+    finally:
+        event.remove(target, name, fn)
+
+
+def silent_once_connected(proxy: FreezingProxy) -> AbstractContextManager[None]:
     """The proxy goes silent the moment a connection through it is in (authenticated), before
     the first query: a server that lets the client in and then answers nothing."""
     def connected(dbapi_connection: Any, _record: Any) -> None:
         if dbapi_connection.info.port == proxy.port:
             proxy.frozen.set()
 
-    event.listen(Pool, "connect", connected)
-    try:
-        yield
-    finally:
-        event.remove(Pool, "connect", connected)
+    return _listening(Pool, "connect", connected)
 
 
-@contextmanager
-def silent_at_first_create(proxy: FreezingProxy) -> Iterator[None]:
+def silent_at_first_create(proxy: FreezingProxy) -> AbstractContextManager[None]:
     """The proxy goes silent just before the migrations send their first ``CREATE``: the
     statements before it were answered, so the deadline must hold across statements."""
     def sending(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
         if statement.lstrip().upper().startswith("CREATE"):
             proxy.frozen.set()
 
-    event.listen(Engine, "before_cursor_execute", sending)
-    try:
-        yield
-    finally:
-        event.remove(Engine, "before_cursor_execute", sending)
+    return _listening(Engine, "before_cursor_execute", sending)
 
 
 @pytest.mark.timeout(60)
