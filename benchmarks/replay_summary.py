@@ -18,9 +18,24 @@ from pathlib import Path
 from maitred.sim.bench import UNLIMITED, best_baseline, cell
 
 
-def rows(folder: Path) -> list[tuple[str, float]]:
-    data = json.loads((folder / "results.json").read_text(encoding="utf-8"))
-    runs, matrix = data["runs"], data["matrix"]
+class NotAReplay(ValueError):
+    """A folder without a readable ``results.json`` of ``maitred bench replay``."""
+
+
+def _results(folder: Path) -> tuple[list[dict], dict]:
+    path = folder / "results.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return data["runs"], data["matrix"]
+    except OSError as exc:
+        raise NotAReplay(f"{path}: cannot read it ({exc.strerror}); give an --out folder of maitred bench replay") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise NotAReplay(f"{path}: not the results.json of maitred bench replay ({exc})") from None
+
+
+def rows(folder: Path) -> list[tuple[str, str, float]]:
+    """(table row, cell label, maitred's throughput over the best baseline's) per cell."""
+    runs, matrix = _results(folder)
     out = []
     for c in matrix["concurrencies"]:
         if matrix["workers"] == 1 and c < 50:
@@ -34,13 +49,13 @@ def rows(folder: Path) -> list[tuple[str, float]]:
             seer, limit = cell(runs, "clairvoyant", c, r), cell(runs, UNLIMITED, c, r)
             ratio = ours["throughput_tok_s"] / best["throughput_tok_s"]
             ttft = (ours["ttft_mean_s"] / best["ttft_mean_s"] - 1) * 100
-            print(f"| {folder.name} | {c} ×{r:g} | {ours['throughput_tok_s']:.0f} | {best['policy']} "
-                  f"{best['throughput_tok_s']:.0f} | **{ratio:.2f}×** | {ours['ttft_mean_s']:.2f} s ({ttft:+.0f}%; best "
-                  f"{fastest['policy']} {fastest['ttft_mean_s']:.2f}) | "
-                  + (f"{ours['throughput_tok_s'] / seer['throughput_tok_s']:.2f}" if seer else "-") + " | "
-                  + (f"{ours['throughput_tok_s'] / limit['throughput_tok_s']:.2f}" if limit else "-")
-                  + f" | {ours['tier_moves'] / hours:,.0f} |")
-            out.append((f"{folder.name} C={c} ×{r:g}", ratio))
+            line = (f"| {folder.name} | {c} ×{r:g} | {ours['throughput_tok_s']:.0f} | {best['policy']} "
+                    f"{best['throughput_tok_s']:.0f} | **{ratio:.2f}×** | {ours['ttft_mean_s']:.2f} s ({ttft:+.0f}%; best "
+                    f"{fastest['policy']} {fastest['ttft_mean_s']:.2f}) | "
+                    + (f"{ours['throughput_tok_s'] / seer['throughput_tok_s']:.2f}" if seer else "-") + " | "
+                    + (f"{ours['throughput_tok_s'] / limit['throughput_tok_s']:.2f}" if limit else "-")
+                    + f" | {ours['tier_moves'] / hours:,.0f} |")
+            out.append((line, f"{folder.name} C={c} ×{r:g}", ratio))
     return out
 
 
@@ -48,15 +63,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folders", nargs="+", type=Path, help="output folders of maitred bench replay")
     args = parser.parse_args(argv)
+    try:
+        cells = [row for folder in args.folders for row in rows(folder)]
+    except NotAReplay as exc:
+        print(f"replay_summary: error: {exc}", file=sys.stderr)
+        return 1
+    if not cells:
+        print("replay_summary: error: no cell with maitred and a baseline at C >= 50 in these folders", file=sys.stderr)
+        return 1
     print("| matrix | C ×host | maitred tok/s | best baseline | × | maitred mean TTFT (vs that baseline; best TTFT) "
           "| × clairvoyant | × unlimited | tier moves/h |")
     print("|---|---|---|---|---|---|---|---|---|")
-    cells = [row for folder in args.folders for row in rows(folder)]
-    if not cells:
-        print("no cell with maitred and a baseline", file=sys.stderr)
-        return 1
-    low, high = min(cells, key=lambda x: x[1]), max(cells, key=lambda x: x[1])
-    print(f"\nmaitred / best baseline: {low[1]:.2f}× ({low[0]}) to {high[1]:.2f}× ({high[0]}) over {len(cells)} cells")
+    print("\n".join(line for line, _, _ in cells))
+    low, high = min(cells, key=lambda x: x[2]), max(cells, key=lambda x: x[2])
+    print(f"\nmaitred / best baseline: {low[2]:.2f}× ({low[1]}) to {high[2]:.2f}× ({high[1]}) over {len(cells)} cells")
     return 0
 
 

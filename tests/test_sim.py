@@ -416,3 +416,7 @@ def test_replay_summary_prints_the_cross_matrix_row_of_each_cell_under_pressure(
     rows = [line for line in printed.splitlines() if line.startswith("| m |")]
     assert len(rows) == 1 and rows[0].startswith(f"| m | 50 ×1 | {ours:.0f} | thunderagent_offload {theirs:.0f} |")
     assert f"**{ours / theirs:.2f}×**" in rows[0] and "over 1 cells" in printed
+    (tmp_path / "empty").mkdir()
+    refused = subprocess.run([sys.executable, str(script), str(out), str(tmp_path / "empty")], capture_output=True, text=True)
+    assert refused.returncode == 1 and refused.stdout == "" and "Traceback" not in refused.stderr
+    assert "empty/results.json: cannot read it" in refused.stderr
