@@ -101,6 +101,8 @@ def _overdue(view: View) -> list[ProgramState]:
 def _room_for(view: View, programs: list[ProgramState]) -> dict[str, int]:
     """GPU-tier tokens to keep free per worker for ``programs``, each on the worker that has
     the most room left for it."""
+    if not programs:
+        return {}
     room, held = TierPlan(view).gpu_free(), dict[str, int]()
     for p in programs:
         if not room:
