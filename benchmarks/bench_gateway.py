@@ -2,8 +2,8 @@
 against sglang-router (cache_aware) in front of the same simulated workers, in one run.
 
 Everything runs as separate processes on 127.0.0.1: two simulated SGLang workers (``python -m
-maitred.runtime.service.simworker``, time-scaled so a request costs the worker almost nothing),
-the gateway (``python -m maitred.runtime.service.serve``, no store) and, when the
+maitred.sim.worker.config``, time-scaled so a request costs the worker almost nothing),
+the gateway (``python -m maitred.gateway.serve``, no store) and, when the
 ``sglang-router`` package is installed, ``python -m sglang_router.launch_router --policy
 cache_aware``, timed only once its ``GET /workers`` shows both workers healthy.
 
@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from maitred.runtime.service.background import free_port, wait_http
+from maitred.harness.background import free_port, wait_http
 
 BODY = {"model": "sim", "messages": [{"role": "user", "content": "ping " * 20}], "max_tokens": 1}
 
@@ -57,7 +57,7 @@ def start_workers(stack: ExitStack, n: int, time_scale: float) -> list[str]:
     urls = []
     for _ in range(n):
         port = free_port()
-        proc = spawn(stack, [sys.executable, "-m", "maitred.runtime.service.simworker", "--port", str(port),
+        proc = spawn(stack, [sys.executable, "-m", "maitred.sim.worker", "--port", str(port),
                              "--gpu-tokens", "2000000", "--time-scale", str(time_scale)])
         urls.append(f"http://127.0.0.1:{port}")
         wait_http(urls[-1] + "/health", timeout_s=60, process=proc)
@@ -66,7 +66,7 @@ def start_workers(stack: ExitStack, n: int, time_scale: float) -> list[str]:
 
 def start_gateway(stack: ExitStack, workers: list[str]) -> str:
     port = free_port()
-    argv = [sys.executable, "-m", "maitred.runtime.service.serve", "--port", str(port), "--no-db", "--log-level", "warning"]
+    argv = [sys.executable, "-m", "maitred.gateway.serve", "--port", str(port), "--no-db", "--log-level", "warning"]
     for url in workers:
         argv += ["--worker", url]
     proc = spawn(stack, argv)

@@ -91,8 +91,8 @@ def stored(path: Path, offset: list[int]) -> Callable[[int], float]:
 
 
 def bench_hook(runs: int) -> dict[str, Any]:
-    from maitred.integrations.local import local_cluster
-    from maitred.runtime.service.background import free_port
+    from maitred.harness.background import free_port
+    from maitred.harness.local import local_cluster
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("MAITRED_")}
     cli = [str(Path(sys.executable).with_name("maitred")), "hook", "claude-code"]

@@ -37,7 +37,7 @@ def free_port() -> int:
 
 
 def start(port: int, time_scale: float) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "maitred.runtime.service.simworker", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "maitred.sim.worker", "--port", str(port),
                              "--gpu-tokens", "2000000", "--time-scale", str(time_scale)], stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while True:

@@ -253,7 +253,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from maitred.demo import NotADemoDatabase, fresh_sqlite
 
     if not args.offline:
-        from maitred.runtime.service.livedemo import MAX_PROGRAMS
+        from maitred.harness.livedemo import MAX_PROGRAMS
 
         if args.programs is not None and args.programs > MAX_PROGRAMS:
             raise UsageError(f"--programs: at most {MAX_PROGRAMS} in the live demo (one thread each against two workers)")
@@ -275,7 +275,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _live_demo(args: argparse.Namespace, db_url: str) -> None:
-    from maitred.runtime.service.livedemo import LiveDemoConfig, print_summary, run_live_demo
+    from maitred.harness.livedemo import LiveDemoConfig, print_summary, run_live_demo
 
     programs = args.programs or LiveDemoConfig.programs
     # GPU memory for about half of the programs' contexts: where the policy matters.
@@ -453,8 +453,9 @@ def _add_plugged(sub: Any) -> None:
     """Commands whose code lives with the runtime service and the integrations. Their modules
     import only the standard library at top level (FastAPI, uvicorn and the engine load inside
     ``run``), own their flags, defaults and error messages, and are called as they are."""
+    from maitred.gateway import serve
     from maitred.integrations import claude_code
-    from maitred.runtime.service import serve, simworker
+    from maitred.sim.worker import config as simworker
 
     def plug(parent: Any, name: str, help: str, add_arguments: Callable[[argparse.ArgumentParser], None],
              run: Callable[[argparse.Namespace], int]) -> None:

@@ -1,7 +1,7 @@
 """Builders for policy tests: programs and workers in a given situation, without event plumbing."""
 
 from maitred.runtime import Phase, ProgramState, RuntimeState, SignalConfig, Tier, WorkerState
-from maitred.runtime.model import OpenTool, Residency
+from maitred.runtime.records import OpenTool, Residency
 
 NOW = 10_000.0
 

@@ -13,14 +13,14 @@ from typing import Any
 import httpx
 import pytest
 
-from maitred.runtime.service.app import Gateway, ServeConfig, build_app
-from maitred.runtime.service.background import BackgroundServer, free_port
-from maitred.runtime.service.gateway import ProxyConfig
-from maitred.runtime.service.guard import HTTPProblem
-from maitred.runtime.service.loop import Runtime, RuntimeConfig
-from maitred.runtime.service.programid import take_program_id
-from maitred.runtime.service.sglang import SGLangWorker
-from maitred.runtime.service.simworker import SimWorkerConfig, SimWorkerThread, create_app
+from maitred.gateway.app import Gateway, ServeConfig, build_app
+from maitred.gateway.guard import HTTPProblem
+from maitred.gateway.loop import Runtime, RuntimeConfig
+from maitred.gateway.programid import take_program_id
+from maitred.gateway.proxy import ProxyConfig
+from maitred.gateway.sglang.client import SGLangWorker
+from maitred.harness.background import BackgroundServer, free_port
+from maitred.sim.worker.config import SimWorkerConfig, SimWorkerThread, create_app
 from maitred.storage import SessionStore
 
 pytestmark = pytest.mark.anyio
@@ -585,8 +585,8 @@ async def test_a_store_that_is_down_or_unusable_never_stops_serving(cluster, tmp
 
 
 def test_admission_estimates_learn_each_programs_characters_per_token():
-    from maitred.runtime.service.loop import Runtime
-    from maitred.runtime.service.usage import PromptSize, prompt_size
+    from maitred.gateway.loop import Runtime
+    from maitred.gateway.usage import PromptSize, prompt_size
 
     runtime = Runtime({})
     size = prompt_size({"messages": [{"role": "user", "content": "x" * 984}]})

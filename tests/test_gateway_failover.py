@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from maitred.runtime.service.app import ServeConfig, build_app
-from maitred.runtime.service.background import BackgroundServer, free_port, wait_http
-from maitred.runtime.service.loop import RuntimeConfig
+from maitred.gateway.app import ServeConfig, build_app
+from maitred.gateway.loop import RuntimeConfig
+from maitred.harness.background import BackgroundServer, free_port, wait_http
 
 pytestmark = pytest.mark.anyio
 
@@ -29,7 +29,7 @@ def sim_processes() -> Iterator[list[tuple[subprocess.Popen[bytes], str]]]:
     procs = []
     for _ in range(2):
         port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "maitred.runtime.service.simworker", "--port", str(port),
+        proc = subprocess.Popen([sys.executable, "-m", "maitred.sim.worker", "--port", str(port),
                                  "--gpu-tokens", "200000", "--time-scale", "5"])
         url = f"http://127.0.0.1:{port}"
         procs.append((proc, url))

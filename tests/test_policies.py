@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from maitred.events import Handoff, LLMEnd, LLMStart
 from maitred.runtime import POLICIES, Phase, Scheduler, SignalConfig, Tier, make_policy
-from maitred.runtime.model import WorkerState
 from maitred.runtime.policies.maitred import OVERDUE_S
+from maitred.runtime.records import WorkerState
 from maitred.runtime.tiering import plan_tiers, working_set_capacity
 from tests.runtime_helpers import NOW, program, state
 

@@ -1,7 +1,7 @@
 """The live demo end to end, small: instrumented programs through the gateway to two simulated
 workers, once per policy; the summary, the PNG and the recorded history."""
 
-from maitred.runtime.service.livedemo import LiveDemoConfig, run_live_demo, summary_rows
+from maitred.harness.livedemo import LiveDemoConfig, run_live_demo, summary_rows
 from maitred.storage import SessionStore
 
 

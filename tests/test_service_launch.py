@@ -17,10 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from maitred.gateway.serve import POLICY_NAMES
+from maitred.gateway.sglang.launch import REQUIRED_FLAGS, ChildServers, SGLangLaunch
+from maitred.harness.background import free_port, wait_http
 from maitred.runtime.policies import POLICIES
-from maitred.runtime.service.background import free_port, wait_http
-from maitred.runtime.service.launch import REQUIRED_FLAGS, ChildServers, SGLangLaunch
-from maitred.runtime.service.serve import POLICY_NAMES
 
 STANDIN = """#!{python}
 import json, os, sys
@@ -29,7 +29,7 @@ assert args[:2] == ["-m", "sglang.launch_server"], args
 with open(os.path.join(os.environ["STANDIN_RECORDS"], str(os.getpid())), "w") as f:
     json.dump({{"argv": args, "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"), "pgid": os.getpgid(0)}}, f)
 port = args[args.index("--port") + 1]
-os.execv(sys.executable, [sys.executable, "-m", "maitred.runtime.service.simworker", "--port", port, "--gpu-tokens", "50000"])
+os.execv(sys.executable, [sys.executable, "-m", "maitred.sim.worker", "--port", port, "--gpu-tokens", "50000"])
 """
 
 
@@ -126,7 +126,7 @@ def test_child_servers_start_healthy_and_stop_with_their_process_groups(standin)
 
 
 def _serve(args: list[str], **kwargs) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "maitred.runtime.service.serve", *args], **kwargs)
+    return subprocess.Popen([sys.executable, "-m", "maitred.gateway.serve", *args], **kwargs)
 
 
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
@@ -173,14 +173,14 @@ def test_serve_launches_sglang_routes_to_it_and_takes_it_down_with_itself(standi
 ])
 def test_serve_refuses_bad_flags_naming_the_flag(argv, flag, monkeypatch):
     monkeypatch.delenv("MAITRED_TOKEN", raising=False)
-    result = subprocess.run([sys.executable, "-m", "maitred.runtime.service.serve", *argv], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "maitred.gateway.serve", *argv], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 2, result.stderr
     assert flag in result.stderr and "Traceback" not in result.stderr
 
 
 def test_sglang_args_prints_the_launch_lines_and_the_serve_line():
-    code = ("import argparse, sys; from maitred.runtime.service.serve import add_sglang_args_arguments, run_sglang_args; "
+    code = ("import argparse, sys; from maitred.gateway.serve import add_sglang_args_arguments, run_sglang_args; "
             "p = argparse.ArgumentParser(); add_sglang_args_arguments(p); sys.exit(run_sglang_args(p.parse_args(sys.argv[1:])))")
 
     def sglang_args(*argv: str) -> list[str]:
@@ -201,8 +201,8 @@ def test_policy_names_of_the_cli_are_the_policies():
 
 def test_serve_passes_the_tier_sizing_flags_to_the_runtime_state():
     """``--busy-margin`` and ``--overcommit-headroom`` reach the signal config the policy reads."""
-    from maitred.runtime.service.loop import Runtime
-    from maitred.runtime.service.serve import _config, add_arguments
+    from maitred.gateway.loop import Runtime
+    from maitred.gateway.serve import _config, add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

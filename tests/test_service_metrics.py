@@ -4,7 +4,7 @@ import json
 import re
 from pathlib import Path
 
-from maitred.runtime.service.metrics import Metrics
+from maitred.gateway.metrics import Metrics
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "examples" / "grafana" / "maitred-dashboard.json"
 

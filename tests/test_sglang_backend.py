@@ -26,7 +26,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request, Response
 
-from maitred.runtime.service.sglang import (
+from maitred.gateway.sglang.client import (
     SGLangWorker,
     WorkerCapacity,
     WorkerLoad,
@@ -36,7 +36,7 @@ from maitred.runtime.service.sglang import (
     parse_loads,
     parse_server_info,
 )
-from maitred.runtime.service.simworker import SimWorkerConfig, SimWorkerThread
+from maitred.sim.worker.config import SimWorkerConfig, SimWorkerThread
 from tests.helpers import free_port
 
 SERVER_INFO: dict[str, Any] = {
@@ -374,7 +374,7 @@ def _batch(*events: dict[str, Any]) -> bytes:
 
 
 def test_kv_event_batches_decode_in_both_encodings() -> None:
-    from maitred.runtime.service.kv_events import KVEventError, decode_batch
+    from maitred.gateway.sglang.kv_events import KVEventError, decode_batch
 
     batch = decode_batch(_batch(_stored([H1, H2], None, 32, session="p1"), _removed([H2]), {"type": "AllBlocksCleared"},
                                 {"type": "SomethingNewer", "x": 1}))
@@ -393,7 +393,7 @@ def test_kv_event_batches_decode_in_both_encodings() -> None:
 
 
 def test_residency_follows_stores_evictions_and_host_copies() -> None:
-    from maitred.runtime.service.kv_events import ResidencyTracker, decode_batch
+    from maitred.gateway.sglang.kv_events import ResidencyTracker, decode_batch
 
     tracker = ResidencyTracker()
     tracker.apply(decode_batch(_batch(_stored([H1, H2], None, 32, session="p1"))), seq=0)
@@ -413,7 +413,7 @@ def test_residency_follows_stores_evictions_and_host_copies() -> None:
 
 
 def test_kv_event_endpoints_come_from_server_info() -> None:
-    from maitred.runtime.service.kv_events import endpoints_from_server_info
+    from maitred.gateway.sglang.kv_events import endpoints_from_server_info
 
     info = dict(SERVER_INFO, kv_events={"publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": 5557, "topic": "",
                                         "block_size": 16, "dp_size": 2})
@@ -423,7 +423,7 @@ def test_kv_event_endpoints_come_from_server_info() -> None:
 
 def test_subscriber_tracks_a_real_zmq_publisher() -> None:
     zmq = pytest.importorskip("zmq", reason="the kv-events extra (pyzmq) is not installed")
-    from maitred.runtime.service.kv_events import KVEventSubscriber
+    from maitred.gateway.sglang.kv_events import KVEventSubscriber
 
     ctx = zmq.Context.instance()
     pub = ctx.socket(zmq.PUB)

@@ -8,7 +8,7 @@ import pytest
 from maitred.events import AdapterPublish, LLMEnd, LLMStart, ToolEnd, ToolProgress, ToolStart
 from maitred.runtime import Phase, RuntimeState, SignalConfig, WorkerState
 from maitred.runtime.history import DurationStats, ToolHistory, t_quantile
-from maitred.runtime.model import OpenTool
+from maitred.runtime.records import OpenTool
 from maitred.runtime.signals import cache_credit, decayed, idleness, predict_end, preprefill_priority, readiness
 from maitred.storage import ToolStats
 from tests.runtime_helpers import NOW, program

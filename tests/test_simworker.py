@@ -19,8 +19,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from maitred.runtime.service.sglang import parse_loads, parse_server_info
-from maitred.runtime.service.simworker import (
+from maitred.gateway.sglang.client import parse_loads, parse_server_info
+from maitred.sim.worker.config import (
     SimWorkerConfig,
     SimWorkerThread,
     add_arguments,
@@ -28,7 +28,7 @@ from maitred.runtime.service.simworker import (
     create_app,
     run,
 )
-from maitred.runtime.service.simworker_tokens import count_tokens, render_chat
+from maitred.sim.worker.tokens import count_tokens, render_chat
 from tests.helpers import free_port
 
 SYSTEM = "You are a careful coding agent. Follow the repository conventions and explain nothing. " * 4
@@ -150,7 +150,7 @@ def test_a_chat_prefix_warmed_through_tokenize_and_generate_is_found_by_the_next
     as ``input_ids`` with ``max_new_tokens: 0``; the chat request that follows finds them cached."""
     import asyncio
 
-    from maitred.runtime.service.sglang import SGLangWorker
+    from maitred.gateway.sglang.client import SGLangWorker
 
     shared = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _words("handoff", 300)}]
 
@@ -290,7 +290,7 @@ def test_kv_events_tell_what_the_next_request_will_find_cached(cpu_tokens: int, 
     With write-through the host holds a copy of the whole context; with write-back only what
     was evicted, stored under the GPU part it continues."""
     pytest.importorskip("zmq", reason="the kv-events extra (pyzmq) is not installed")
-    from maitred.runtime.service.kv_events import KVEventSubscriber, endpoints_from_server_info
+    from maitred.gateway.sglang.kv_events import KVEventSubscriber, endpoints_from_server_info
 
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     config = SimWorkerConfig(port=0, gpu_tokens=3_500, cpu_tokens=cpu_tokens, time_scale=50.0, hicache_write_policy=policy,
@@ -658,7 +658,7 @@ def test_cli_defaults_and_values() -> None:
 def test_the_cli_module_imports_nothing_heavy() -> None:
     """``maitred`` builds every subcommand's parser on every call: the server stack loads only when
     the sim-worker runs."""
-    probe = ("import sys, maitred.runtime.service.simworker; "
+    probe = ("import sys, maitred.sim.worker.config; "
              "print(sorted(m for m in ('fastapi', 'uvicorn', 'starlette', 'prometheus_client', 'zmq') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -681,7 +681,7 @@ def test_run_refuses_a_missing_profile_and_a_busy_port(tmp_path: Path) -> None:
 
 def test_the_module_runs_as_a_process_and_stops_on_sigterm() -> None:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "maitred.runtime.service.simworker", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "maitred.sim.worker", "--port", str(port),
                              "--gpu-tokens", "20000", "--time-scale", "10"], stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -747,10 +747,10 @@ def test_a_long_running_worker_forgets_conversations_it_holds_no_kv_for() -> Non
     the engine dropped are forgotten, so memory follows the KV capacity, not the traffic."""
     import asyncio
 
-    from maitred.runtime.service.simworker_engine import RealtimeEngine
-    from maitred.runtime.service.simworker_tokens import render_text
     from maitred.sim.engine import Worker
     from maitred.sim.profile import EngineProfile
+    from maitred.sim.worker.engine import RealtimeEngine
+    from maitred.sim.worker.tokens import render_text
 
     async def run() -> tuple[int, int, int]:
         engine = RealtimeEngine(Worker("w", EngineProfile(), 2_000, 0), 1_000.0, prune_floor_tokens=5_000)
@@ -768,8 +768,8 @@ def test_a_long_running_worker_forgets_conversations_it_holds_no_kv_for() -> Non
 
 
 def test_conversation_index_follows_a_radix_caches_view_of_prompts() -> None:
-    from maitred.runtime.service.simworker_engine import ConversationIndex
-    from maitred.runtime.service.simworker_tokens import Prompt
+    from maitred.sim.worker.engine import ConversationIndex
+    from maitred.sim.worker.tokens import Prompt
 
     index = ConversationIndex()
     a1 = Prompt(list(range(100, 140)), 0, "")
@@ -790,7 +790,7 @@ def test_conversation_index_follows_a_radix_caches_view_of_prompts() -> None:
 
 
 def test_the_token_cache_is_bounded_by_tokens_least_recently_used_out_first() -> None:
-    from maitred.runtime.service.simworker_tokens import _TokenCache, tokenize
+    from maitred.sim.worker.tokens import _TokenCache, tokenize
 
     cache = _TokenCache(max_tokens=10)
     assert list(cache("a b c d")) == tokenize("a b c d")

@@ -1,4 +1,4 @@
-"""The gateway's store writer (maitred/runtime/service/persist.py) on a real SQLite store."""
+"""The gateway's store writer (maitred/gateway/store_writer.py) on a real SQLite store."""
 
 import logging
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from maitred.events import ToolStart
-from maitred.runtime.service.persist import StoreWriter
+from maitred.gateway.store_writer import StoreWriter
 from maitred.storage import SessionStore, StoreUnavailable
 from tests.helpers import wait_until
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from maitred.integrations.local import local_cluster
+from maitred.harness.local import local_cluster
 
 SESSION = Path(__file__).parents[2] / "tests" / "integrations" / "fixtures" / "claude_code" / "session.jsonl"
 SHOW_AFTER = {"PreToolUse", "SubagentStart", "Stop", "UserPromptSubmit"}

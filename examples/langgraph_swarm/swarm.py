@@ -24,8 +24,8 @@ from langchain_openai import ChatOpenAI
 from langgraph_swarm import create_handoff_tool, create_swarm
 
 import maitred
+from maitred.harness.local import local_cluster
 from maitred.integrations.langgraph import MaitredMiddleware
-from maitred.integrations.local import local_cluster
 
 
 @tool

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import httpx
 
-from maitred.integrations.local import local_cluster
-from maitred.runtime.service.background import free_port, wait_http
+from maitred.harness.background import free_port, wait_http
+from maitred.harness.local import local_cluster
 
 CONFIG = Path(__file__).with_name("config.yaml")
 

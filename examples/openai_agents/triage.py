@@ -22,7 +22,7 @@ from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, RunConfig, 
 from openai import AsyncOpenAI
 
 import maitred
-from maitred.integrations.local import local_cluster
+from maitred.harness.local import local_cluster
 from maitred.integrations.openai_agents import MaitredRunHooks, MaitredTracingProcessor
 
 

@@ -6,7 +6,7 @@ The gateway and the simulator both apply a ``Decision``; neither asks the policy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from maitred.runtime.model import Tier
+from maitred.runtime.records import Tier
 
 Signature = tuple[object, ...]
 """What a program looked like when planned; a plan step is void if it changed (TAO's re-check)."""

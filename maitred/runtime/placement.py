@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from maitred.runtime.decisions import Assignment, Signature
-from maitred.runtime.model import Phase, ProgramState, Tier
+from maitred.runtime.records import Phase, ProgramState, Tier
 from maitred.runtime.signals import cache_credit
 from maitred.runtime.state import View
 

@@ -14,7 +14,7 @@ otherwise 5 of 250 handoff proposals were admitted).
 from collections.abc import Mapping
 
 from maitred.runtime.decisions import Assignment, Warmup
-from maitred.runtime.model import Phase, Tier
+from maitred.runtime.records import Phase, Tier
 from maitred.runtime.signals import cache_credit, preprefill_priority
 from maitred.runtime.state import View
 

@@ -12,9 +12,9 @@ import logging
 from dataclasses import replace
 
 from maitred.runtime.decisions import Assignment, Decision, TierMove
-from maitred.runtime.model import Tier
 from maitred.runtime.placement import applicable_prefix
 from maitred.runtime.policies import Policy, RoundRobin, make_policy
+from maitred.runtime.records import Tier
 from maitred.runtime.state import RuntimeState, View
 
 log = logging.getLogger("maitred.runtime")

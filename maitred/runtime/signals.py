@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 
 from maitred.runtime.history import ToolHistory
-from maitred.runtime.model import OpenTool, Phase, ProgramState, SignalConfig
+from maitred.runtime.records import OpenTool, Phase, ProgramState, SignalConfig
 
 
 def idleness(p: ProgramState, now: float, cycles: int) -> float:

@@ -35,7 +35,7 @@ from maitred.events import (
 )
 from maitred.runtime.decisions import Decision
 from maitred.runtime.history import DurationStats, PredictionLog, StatsRow, ToolHistory
-from maitred.runtime.model import (
+from maitred.runtime.records import (
     OpenTool,
     PendingHandoff,
     Phase,

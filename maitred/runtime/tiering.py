@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from maitred.runtime.decisions import TierMove
-from maitred.runtime.model import Phase, ProgramState, Tier, WorkerState
+from maitred.runtime.records import Phase, ProgramState, Tier, WorkerState
 from maitred.runtime.state import View
 
 

@@ -21,7 +21,7 @@ Each policy runs at its own cadence and hold bound (``SimPolicy``), as published
 - maitred: 1 s, and a step 50 ms after a held request arrives (the gateway admits a request
   that fits at once), held requests let through after 1,800 s (measured: at 60 s the forced
   requests overfill the GPU, 443 against 796 tok/s at synthetic C=80 ×1, 1,200 s; the gateway's own
-  default, 5 s, is set in maitred/runtime/service/loop.py). A new program's first request is
+  default, 5 s, is set in maitred/gateway/loop.py). A new program's first request is
   placed when it arrives if it fits and jumps no queue (``Maitred.admit_at_arrival``). A 5 s
   period measured the same on the H100 profile but lost a third of the throughput on the 70B
   one (SWE-agent C=80 ×1, 1,200 s: 427 against 662 tok/s).

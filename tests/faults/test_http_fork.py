@@ -22,8 +22,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 import maitred
+from maitred.harness.background import BackgroundServer
 from maitred.middleware import EmitterSettings
-from maitred.runtime.service.background import BackgroundServer
 from tests.helpers import Warnings, assert_nothing_lost_across_fork, child_report, emit_calls
 
 CALLS = 200

@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import pytest
 
-from maitred.integrations.local import LocalCluster, local_cluster
+from maitred.harness.local import LocalCluster, local_cluster
 
 
 class Cluster:

@@ -21,9 +21,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 pytest.importorskip("litellm", reason="the litellm extra is not installed")
 pytest.importorskip("backoff", reason="the litellm extra (the proxy's dependencies) is not installed")
 
+from maitred.harness.background import free_port, wait_http
+from maitred.harness.local import local_cluster
 from maitred.integrations.litellm import MaitredLogger, llm_end_of, normalize_base, program_id_of
-from maitred.integrations.local import local_cluster
-from maitred.runtime.service.background import free_port, wait_http
 from maitred.storage import SessionStore
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "litellm_proxy" / "config.yaml"

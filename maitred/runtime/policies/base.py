@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from maitred.runtime.decisions import Assignment, Decision, TierMove, Warmup
-from maitred.runtime.model import Phase, ProgramState, Tier
+from maitred.runtime.records import Phase, ProgramState, Tier
 from maitred.runtime.state import View
 
 if TYPE_CHECKING:

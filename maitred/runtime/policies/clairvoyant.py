@@ -14,9 +14,9 @@ reports it so a share of it can be read, and a policy may beat it in a cell.
 from dataclasses import replace
 
 from maitred.runtime.decisions import Assignment, Decision, TierMove
-from maitred.runtime.model import Phase, ProgramState, Tier
 from maitred.runtime.placement import signature
 from maitred.runtime.policies.base import finish
+from maitred.runtime.records import Phase, ProgramState, Tier
 from maitred.runtime.state import View
 
 

@@ -18,10 +18,10 @@
 from dataclasses import replace
 
 from maitred.runtime.decisions import Assignment, Decision, Warmup
-from maitred.runtime.model import Phase, ProgramState, Tier
 from maitred.runtime.placement import candidates_for_placement, place
 from maitred.runtime.policies.base import final_tiers, finish
 from maitred.runtime.preprefill import admit, propose
+from maitred.runtime.records import Phase, ProgramState, Tier
 from maitred.runtime.state import View
 from maitred.runtime.tiering import TierPlan, plan_tiers, working_set_capacity
 

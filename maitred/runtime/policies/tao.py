@@ -7,9 +7,9 @@ placed all at once by the exact DP (BFD past its state budget).
 """
 
 from maitred.runtime.decisions import Decision
-from maitred.runtime.model import ProgramState
 from maitred.runtime.placement import candidates_for_placement, place
 from maitred.runtime.policies.base import finish, pause_until_fits
+from maitred.runtime.records import ProgramState
 from maitred.runtime.signals import cache_credit
 from maitred.runtime.state import View
 

@@ -28,9 +28,9 @@ Every rule follows ThunderAgent-org/ThunderAgent (paths below are in that reposi
 from dataclasses import replace
 
 from maitred.runtime.decisions import Assignment, Decision, TierMove
-from maitred.runtime.model import Phase, ProgramState, Tier
 from maitred.runtime.placement import signature
 from maitred.runtime.policies.base import finish
+from maitred.runtime.records import Phase, ProgramState, Tier
 from maitred.runtime.state import View
 
 #: ``ThunderAgent/backend/state.py``: ``BUFFER_PER_PROGRAM``

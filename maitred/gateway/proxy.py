@@ -30,10 +30,10 @@ import orjson
 from fastapi import FastAPI, Request
 from starlette.responses import Response, StreamingResponse
 
-from maitred.runtime.service.guard import HTTPProblem, error_response, parse_json_object, read_body
-from maitred.runtime.service.loop import NoWorkerAvailable, Runtime
-from maitred.runtime.service.programid import take_program_id
-from maitred.runtime.service.usage import PromptSize, SSEUsage, Usage, prompt_size, text_prompt, usage_of
+from maitred.gateway.guard import HTTPProblem, error_response, parse_json_object, read_body
+from maitred.gateway.loop import NoWorkerAvailable, Runtime
+from maitred.gateway.programid import take_program_id
+from maitred.gateway.usage import PromptSize, SSEUsage, Usage, prompt_size, text_prompt, usage_of
 
 log = logging.getLogger("maitred.service")
 

@@ -27,14 +27,14 @@ from typing import Any
 import httpx
 
 from maitred.events import Event, Handoff, LLMEnd, LLMStart, ProgramEnd, ToolEnd
+from maitred.gateway.metrics import Metrics, Tally, program_counts
+from maitred.gateway.sglang.client import SGLangWorker, WorkerProtocolError
+from maitred.gateway.store_writer import StoreWriter
+from maitred.gateway.usage import PromptSize
 from maitred.runtime.decisions import Decision, Warmup
 from maitred.runtime.hicache import WRITE_BACK_BELOW_RATIO, write_back_for
-from maitred.runtime.model import HOLD_TIMEOUT_S, SignalConfig, Tier, WorkerState
+from maitred.runtime.records import HOLD_TIMEOUT_S, SignalConfig, Tier, WorkerState
 from maitred.runtime.scheduler import Scheduler, free_after
-from maitred.runtime.service.metrics import Metrics, Tally, program_counts
-from maitred.runtime.service.persist import StoreWriter
-from maitred.runtime.service.sglang import SGLangWorker, WorkerProtocolError
-from maitred.runtime.service.usage import PromptSize
 from maitred.runtime.state import RuntimeState, Snapshot, View, pending_at
 
 log = logging.getLogger("maitred.service")

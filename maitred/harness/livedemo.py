@@ -28,15 +28,15 @@ import httpx
 import orjson
 
 import maitred
+from maitred.gateway.app import ServeConfig, build_app
+from maitred.gateway.loop import Runtime, RuntimeConfig
+from maitred.gateway.sglang.launch import write_policy_for
+from maitred.harness.background import BackgroundServer
 from maitred.middleware.emitter import EmitterSettings
-from maitred.runtime.model import HOLD_TIMEOUT_S
-from maitred.runtime.service.app import ServeConfig, build_app
-from maitred.runtime.service.background import BackgroundServer
-from maitred.runtime.service.launch import write_policy_for
-from maitred.runtime.service.loop import Runtime, RuntimeConfig
-from maitred.runtime.service.simworker import SimWorkerConfig, create_app
+from maitred.runtime.records import HOLD_TIMEOUT_S
 from maitred.sim.synthetic import SyntheticSpec, generate
 from maitred.sim.traces import ProgramTrace
+from maitred.sim.worker.config import SimWorkerConfig, create_app
 
 #: One thread per program against two workers: beyond this the demo measures the threads.
 MAX_PROGRAMS = 200

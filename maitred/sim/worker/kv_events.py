@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from maitred.runtime.service.simworker_engine import PAGE, RealtimeEngine, chain_from
+from maitred.sim.worker.engine import PAGE, RealtimeEngine, chain_from
 
 MEDIA = ("GPU", "CPU_PINNED")
 

@@ -15,13 +15,13 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from maitred.runtime.service import simworker_generation as generation
-from maitred.runtime.service.simworker import SimWorkerConfig
-from maitred.runtime.service.simworker_engine import RealtimeEngine
-from maitred.runtime.service.simworker_kv_events import KVEventPublisher, KVEventsConfig
-from maitred.runtime.service.simworker_metrics import loads_entry, metrics_text
 from maitred.sim.engine import Worker
 from maitred.sim.profile import EngineProfile
+from maitred.sim.worker import generation
+from maitred.sim.worker.config import SimWorkerConfig
+from maitred.sim.worker.engine import RealtimeEngine
+from maitred.sim.worker.kv_events import KVEventPublisher, KVEventsConfig
+from maitred.sim.worker.metrics import loads_entry, metrics_text
 
 SGLANG_VERSION = "0.5.23"
 CONTEXT_LENGTH = 131_072           # the bundled config.json's max_position_embeddings

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from maitred.events import MAX_ID_LENGTH
-from maitred.runtime.service.guard import HTTPProblem
+from maitred.gateway.guard import HTTPProblem
 
 HEADERS = ("x-program-id", "x-litellm-session-id", "x-claude-code-session-id")
 

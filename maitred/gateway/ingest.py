@@ -22,10 +22,10 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 
 from maitred.events import Event, EventError, LLMStart, decode_event, loads_batch
+from maitred.gateway.guard import HTTPProblem, check_token, parse_json_object, read_body
+from maitred.gateway.loop import NoWorkerAvailable, Runtime
+from maitred.gateway.metrics import CONTENT_TYPE
 from maitred.runtime.history import DurationStats
-from maitred.runtime.service.guard import HTTPProblem, check_token, parse_json_object, read_body
-from maitred.runtime.service.loop import NoWorkerAvailable, Runtime
-from maitred.runtime.service.metrics import CONTENT_TYPE
 
 HookMapper = Callable[[Mapping[str, Any], float], list[Event]]
 #: What ``POST /v1/admit`` takes: the program, and what is known of the request about to run.

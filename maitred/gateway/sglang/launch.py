@@ -37,8 +37,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from maitred.harness.background import wait_http
 from maitred.runtime.hicache import write_back_for
-from maitred.runtime.service.background import wait_http
 
 log = logging.getLogger("maitred.service")
 

@@ -14,13 +14,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from maitred.bind import check_bindable
 from maitred.flags import bounded, port, positive, seconds
-from maitred.runtime.model import HOLD_TIMEOUT_S, SignalConfig
-from maitred.runtime.service.bind import check_bindable
+from maitred.runtime.records import HOLD_TIMEOUT_S, SignalConfig
 
 if TYPE_CHECKING:
-    from maitred.runtime.service.app import ServeConfig
-    from maitred.runtime.service.launch import SGLangLaunch
+    from maitred.gateway.app import ServeConfig
+    from maitred.gateway.sglang.launch import SGLangLaunch
 
 #: The names of ``maitred.runtime.policies.POLICIES`` (kept here so ``--help`` needs no import;
 #: a test checks the two agree).
@@ -117,9 +117,9 @@ class _Refused(Exception):
 
 
 def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
-    from maitred.runtime.service.app import ServeConfig
-    from maitred.runtime.service.gateway import ProxyConfig
-    from maitred.runtime.service.loop import RuntimeConfig
+    from maitred.gateway.app import ServeConfig
+    from maitred.gateway.loop import RuntimeConfig
+    from maitred.gateway.proxy import ProxyConfig
 
     token = args.token or os.environ.get("MAITRED_TOKEN") or None
     if args.host not in LOOPBACK and token is None:
@@ -146,7 +146,7 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
 
 
 def _launch(args: argparse.Namespace) -> "SGLangLaunch":
-    from maitred.runtime.service.launch import SGLangLaunch
+    from maitred.gateway.sglang.launch import SGLangLaunch
 
     return SGLangLaunch(args.launch_sglang, args.gpus, host=args.sglang_host, base_port=args.sglang_base_port,
                         hicache_ratio=args.hicache_ratio, extra_args=tuple(args.sglang_arg), python=args.sglang_python)
@@ -175,9 +175,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     import uvicorn
 
-    from maitred.runtime.service.app import build_app
-    from maitred.runtime.service.background import KEEP_ALIVE_S
-    from maitred.runtime.service.launch import ChildServers
+    from maitred.gateway.app import build_app
+    from maitred.gateway.sglang.launch import ChildServers
+    from maitred.harness.background import KEEP_ALIVE_S
 
     # The scheduler thread's policy step is CPU-bound Python; a shorter GIL switch interval (5 ms
     # by default) lets the event loop serve requests between its slices.
@@ -207,7 +207,7 @@ def add_sglang_args_arguments(parser: argparse.ArgumentParser) -> None:
 def run_sglang_args(args: argparse.Namespace) -> int:
     """Print the SGLang launch line for each GPU, for operators who start SGLang themselves,
     and the matching ``maitred serve`` line."""
-    from maitred.runtime.service.launch import SGLangLaunch
+    from maitred.gateway.sglang.launch import SGLangLaunch
 
     try:
         launch = SGLangLaunch(args.model_path, args.gpus, host=args.sglang_host, base_port=args.sglang_base_port,
@@ -226,7 +226,7 @@ def _refuse(message: str, *, command: str = "serve") -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m maitred.runtime.service.serve`` (the same as ``maitred serve``)."""
+    """``python -m maitred.gateway.serve`` (the same as ``maitred serve``)."""
     parser = argparse.ArgumentParser(prog="maitred serve", description="the maitred gateway in front of SGLang workers")
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from maitred.runtime.service.sglang import WorkerProtocolError, cached_tokens
+from maitred.gateway.sglang.client import WorkerProtocolError, cached_tokens
 
 _USAGE = re.compile(rb'"usage"\s*:\s*\{')
 _META = re.compile(rb'"meta_info"\s*:\s*\{')

@@ -20,12 +20,12 @@ import orjson
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from maitred.runtime.service.simworker_engine import EngineFailed, RealtimeEngine, Ticket
-from maitred.runtime.service.simworker_replies import Reply, chat_reply, text_reply
-from maitred.runtime.service.simworker_tokens import Prompt, PromptError, render_chat, render_ids, render_text, tokenize
+from maitred.sim.worker.engine import EngineFailed, RealtimeEngine, Ticket
+from maitred.sim.worker.replies import Reply, chat_reply, text_reply
+from maitred.sim.worker.tokens import Prompt, PromptError, render_chat, render_ids, render_text, tokenize
 
 if TYPE_CHECKING:
-    from maitred.runtime.service.simworker_app import SimWorker
+    from maitred.sim.worker.app import SimWorker
 
 DEFAULT_COMPLETION_TOKENS = 16     # SGLang's CompletionRequest.max_tokens default
 DEFAULT_GENERATE_TOKENS = 128      # SGLang's SamplingParams.max_new_tokens default

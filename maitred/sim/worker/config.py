@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from maitred.bind import check_bindable
 from maitred.flags import port, positive, whole
-from maitred.runtime.service.bind import check_bindable
 
 if TYPE_CHECKING:
     import uvicorn
@@ -84,7 +84,7 @@ class SimWorkerConfig:
 
 def create_app(config: SimWorkerConfig) -> "FastAPI":
     """The ASGI app of one simulated worker (its engine starts with the app's lifespan)."""
-    from maitred.runtime.service.simworker_app import build_app
+    from maitred.sim.worker.app import build_app
 
     return build_app(config)
 
@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m maitred.runtime.service.simworker``: the same as ``maitred sim-worker``."""
+    """``python -m maitred.sim.worker``: the same as ``maitred sim-worker``."""
     parser = argparse.ArgumentParser(prog="maitred sim-worker", description=__doc__.splitlines()[0] if __doc__ else None)
     add_arguments(parser)
     try:

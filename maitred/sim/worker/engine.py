@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 
-from maitred.runtime.service.simworker_tokens import Prompt
 from maitred.sim.engine import Request, Worker
+from maitred.sim.worker.tokens import Prompt
 
 PAGE = 16
 STREAM_INTERVAL_S = 0.02

@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from maitred.runtime.service.kv_events import KVEventError, endpoints_from_server_info
+from maitred.gateway.sglang.kv_events import KVEventError, endpoints_from_server_info
 
 __all__ = [
     "SGLangWorker",

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from maitred.runtime.service.simworker_tokens import IM_END, Prompt, PromptError, message_body, seq_seed, tokenize, words
+from maitred.sim.worker.tokens import IM_END, Prompt, PromptError, message_body, seq_seed, tokenize, words
 
 DEFAULT_CHAT_TOKENS = 16
 

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 import httpx
 from fastapi import FastAPI
 
-from maitred.runtime.service.gateway import Proxy, ProxyConfig, add_proxy_routes
-from maitred.runtime.service.ingest import HookMapper, add_admin_routes
-from maitred.runtime.service.loop import Runtime, RuntimeConfig
-from maitred.runtime.service.metrics import Metrics
-from maitred.runtime.service.persist import StoreWriter
-from maitred.runtime.service.sglang import SGLangWorker
+from maitred.gateway.ingest import HookMapper, add_admin_routes
+from maitred.gateway.loop import Runtime, RuntimeConfig
+from maitred.gateway.metrics import Metrics
+from maitred.gateway.proxy import Proxy, ProxyConfig, add_proxy_routes
+from maitred.gateway.sglang.client import SGLangWorker
+from maitred.gateway.store_writer import StoreWriter
 
 if TYPE_CHECKING:
     from maitred.storage import SessionStore

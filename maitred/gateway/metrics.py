@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from maitred.runtime.model import Phase, ProgramState, Tier
+from maitred.runtime.records import Phase, ProgramState, Tier
 from maitred.runtime.state import RuntimeState
 
 Tally = collections.Counter[tuple[Tier, Phase]]
