@@ -455,7 +455,7 @@ def _add_plugged(sub: Any) -> None:
     ``run``), own their flags, defaults and error messages, and are called as they are."""
     from maitred.gateway import serve
     from maitred.integrations import claude_code
-    from maitred.sim.worker import config as simworker
+    from maitred.sim.worker import server as simworker
 
     def plug(parent: Any, name: str, help: str, add_arguments: Callable[[argparse.ArgumentParser], None],
              run: Callable[[argparse.Namespace], int]) -> None:

@@ -79,8 +79,8 @@ def test_a_taken_port_is_one_line_and_exit_1(command: list[str]) -> None:
 
 
 def test_sim_worker_profile_is_a_file_or_a_built_in_name() -> None:
-    from maitred.sim.worker.config import add_arguments
-    from maitred.sim.worker.config import run as run_sim_worker
+    from maitred.sim.worker.server import add_arguments
+    from maitred.sim.worker.server import run as run_sim_worker
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -20,7 +20,9 @@ from maitred.gateway.programid import take_program_id
 from maitred.gateway.proxy import ProxyConfig
 from maitred.gateway.sglang.client import SGLangWorker
 from maitred.harness.background import BackgroundServer, free_port
-from maitred.sim.worker.config import SimWorkerConfig, SimWorkerThread, create_app
+from maitred.sim.worker.app import create_app
+from maitred.sim.worker.config import SimWorkerConfig
+from maitred.sim.worker.server import SimWorkerThread
 from maitred.storage import SessionStore
 
 pytestmark = pytest.mark.anyio

@@ -36,7 +36,8 @@ from maitred.gateway.sglang.client import (
     parse_loads,
     parse_server_info,
 )
-from maitred.sim.worker.config import SimWorkerConfig, SimWorkerThread
+from maitred.sim.worker.config import SimWorkerConfig
+from maitred.sim.worker.server import SimWorkerThread
 from tests.helpers import free_port
 
 SERVER_INFO: dict[str, Any] = {

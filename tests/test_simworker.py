@@ -20,14 +20,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from maitred.gateway.sglang.client import parse_loads, parse_server_info
-from maitred.sim.worker.config import (
-    SimWorkerConfig,
-    SimWorkerThread,
-    add_arguments,
-    config_from_args,
-    create_app,
-    run,
-)
+from maitred.sim.worker.app import create_app
+from maitred.sim.worker.config import SimWorkerConfig
+from maitred.sim.worker.server import SimWorkerThread, add_arguments, config_from_args, run
 from maitred.sim.worker.tokens import count_tokens, render_chat
 from tests.helpers import free_port
 
@@ -658,7 +653,7 @@ def test_cli_defaults_and_values() -> None:
 def test_the_cli_module_imports_nothing_heavy() -> None:
     """``maitred`` builds every subcommand's parser on every call: the server stack loads only when
     the sim-worker runs."""
-    probe = ("import sys, maitred.sim.worker.config; "
+    probe = ("import sys, maitred.sim.worker.config, maitred.sim.worker.server; "
              "print(sorted(m for m in ('fastapi', 'uvicorn', 'starlette', 'prometheus_client', 'zmq') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

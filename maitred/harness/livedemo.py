@@ -36,7 +36,8 @@ from maitred.middleware.emitter import EmitterSettings
 from maitred.runtime.records import HOLD_TIMEOUT_S
 from maitred.sim.synthetic import SyntheticSpec, generate
 from maitred.sim.traces import ProgramTrace
-from maitred.sim.worker.config import SimWorkerConfig, create_app
+from maitred.sim.worker.app import create_app
+from maitred.sim.worker.config import SimWorkerConfig
 
 #: One thread per program against two workers: beyond this the demo measures the threads.
 MAX_PROGRAMS = 200

@@ -31,7 +31,8 @@ def local_cluster(*, workers: int = 2, script_tools: bool = True, db_url: str | 
     from maitred.gateway.app import ServeConfig, build_app
     from maitred.gateway.loop import RuntimeConfig
     from maitred.harness.background import BackgroundServer
-    from maitred.sim.worker.config import SimWorkerConfig, create_app
+    from maitred.sim.worker.app import create_app
+    from maitred.sim.worker.config import SimWorkerConfig
 
     ports = worker_ports or [0] * workers
     runtime = RuntimeConfig(tick_s=0.2, poll_s=0.5)

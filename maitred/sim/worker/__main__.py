@@ -2,6 +2,6 @@
 
 import sys
 
-from maitred.sim.worker.config import main
+from maitred.sim.worker.server import main
 
 sys.exit(main())

@@ -1,12 +1,11 @@
-"""The simulated SGLang worker's app (see ``simworker``): its state and its information endpoints.
+"""The simulated SGLang worker's app (see ``maitred.sim.worker.server``) and its information endpoints.
 
 Shapes follow SGLang 0.5.23: ``entrypoints/http_server.py`` (``/health``, ``/server_info``,
 ``/model_info``, ``/v1/models``), ``entrypoints/v1_loads.py`` with ``managers/load_snapshot.py``
 (``/v1/loads``) and ``observability/metrics_collector.py`` (``/metrics``). The generation
-endpoints are in ``simworker_generation``.
+endpoints are in ``maitred.sim.worker.generation``.
 """
 
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -15,43 +14,17 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from maitred.sim.engine import Worker
-from maitred.sim.profile import EngineProfile
 from maitred.sim.worker import generation
 from maitred.sim.worker.config import SimWorkerConfig
-from maitred.sim.worker.engine import RealtimeEngine
-from maitred.sim.worker.kv_events import KVEventPublisher, KVEventsConfig
 from maitred.sim.worker.metrics import loads_entry, metrics_text
+from maitred.sim.worker.state import CONTEXT_LENGTH, SimWorker
 
 SGLANG_VERSION = "0.5.23"
-CONTEXT_LENGTH = 131_072           # the bundled config.json's max_position_embeddings
 NOTE = "maitred sim-worker: a simulated SGLang server for tests and demos; it is not a model and its text is filler."
 
 
-class SimWorker:
-    """One simulated worker: its settings, its capacity and its engine."""
-
-    def __init__(self, config: SimWorkerConfig) -> None:
-        self.config = config
-        try:
-            self.profile = EngineProfile.load(config.profile) if config.profile else EngineProfile()
-        except ValueError as exc:
-            raise ValueError(f"--profile: {exc}") from None
-        self.gpu_tokens = config.gpu_tokens or self.profile.gpu_kv_tokens
-        self.cpu_tokens = config.cpu_tokens
-        typed = config.radix_eviction_policy == "priority"
-        worker = Worker("sim", self.profile, self.gpu_tokens, self.cpu_tokens, offload=self.cpu_tokens > 0, typed_eviction=typed,
-                        write_back=config.hicache_write_policy == "write_back")
-        self.engine = RealtimeEngine(worker, config.time_scale)
-        self.started = time.time()
-        self.max_input = min(CONTEXT_LENGTH, self.gpu_tokens) - 1
-        self.kv_events = KVEventsConfig.parse(config.kv_events_config) if config.kv_events_config else None
-        self.publisher = KVEventPublisher(self.kv_events, self.engine) if self.kv_events else None
-        if self.publisher is not None:
-            self.engine.on_change = self.publisher.publish
-
-
-def build_app(config: SimWorkerConfig) -> FastAPI:
+def create_app(config: SimWorkerConfig) -> FastAPI:
+    """The ASGI app of one simulated worker (its engine starts with the app's lifespan)."""
     sim = SimWorker(config)
 
     @asynccontextmanager

@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from fastapi import Request
@@ -22,10 +22,8 @@ from fastapi.responses import Response, StreamingResponse
 
 from maitred.sim.worker.engine import EngineFailed, RealtimeEngine, Ticket
 from maitred.sim.worker.replies import Reply, chat_reply, text_reply
+from maitred.sim.worker.state import SimWorker
 from maitred.sim.worker.tokens import Prompt, PromptError, render_chat, render_ids, render_text, tokenize
-
-if TYPE_CHECKING:
-    from maitred.sim.worker.app import SimWorker
 
 DEFAULT_COMPLETION_TOKENS = 16     # SGLang's CompletionRequest.max_tokens default
 DEFAULT_GENERATE_TOKENS = 128      # SGLang's SamplingParams.max_new_tokens default
@@ -87,7 +85,7 @@ def _check_single(body: Mapping[str, Any]) -> None:
         raise BadRequest(f"n: the simulated worker answers one choice per request, got {n!r}", "n")
 
 
-def _check_fits(sim: "SimWorker", prompt: Prompt, output: int, field: str) -> None:
+def _check_fits(sim: SimWorker, prompt: Prompt, output: int, field: str) -> None:
     limit = sim.max_input + 1
     if len(prompt.ids) + output > limit:
         raise BadRequest(f"{field}: {len(prompt.ids)} prompt tokens plus {output} to generate exceed this worker's "
@@ -111,7 +109,7 @@ def _include_usage(body: Mapping[str, Any]) -> bool:
     return isinstance(options, Mapping) and bool(options.get("include_usage"))
 
 
-def _parse_generate(sim: "SimWorker", body: dict[str, Any]) -> tuple[Prompt, Reply, bool]:
+def _parse_generate(sim: SimWorker, body: dict[str, Any]) -> tuple[Prompt, Reply, bool]:
     if body.get("input_ids") is not None:
         prompt = render_ids(body["input_ids"])
     elif body.get("text") is not None:
@@ -176,7 +174,7 @@ async def _progress(engine: RealtimeEngine, ticket: Ticket) -> AsyncGenerator[in
             engine.abort(ticket)
 
 
-async def _guarded(sim: "SimWorker", chunks: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
+async def _guarded(sim: SimWorker, chunks: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
     """A stream whose engine fails ends with SGLang's error chunk, not a cut connection."""
     async with aclosing(chunks):
         try:
@@ -191,13 +189,13 @@ def _words_until(reply: Reply, generated: int) -> list[str]:
     return reply.words[:min(generated, len(reply.words))]
 
 
-def _submit(sim: "SimWorker", prompt: Prompt, reply: Reply, body: Mapping[str, Any], stream: bool) -> Ticket:
+def _submit(sim: SimWorker, prompt: Prompt, reply: Reply, body: Mapping[str, Any], stream: bool) -> Ticket:
     """Queue a parsed request (its ``priority`` and ``session_id`` were checked while parsing)."""
     return sim.engine.submit(prompt, reply.output_ids, priority=body.get("priority"), stream=stream,
                              session_id=body.get("session_id"))
 
 
-def _failure(sim: "SimWorker") -> dict[str, Any]:
+def _failure(sim: SimWorker) -> dict[str, Any]:
     """SGLang's error body for a request the server could not serve."""
     return {"error": {"message": sim.engine.failure, "type": "internal_error", "code": 500}}
 
@@ -209,11 +207,11 @@ class _Refused(Exception):
         self.response = response
 
 
-Parse = Callable[["SimWorker", dict[str, Any]], tuple[Prompt, Reply, bool]]
+Parse = Callable[[SimWorker, dict[str, Any]], tuple[Prompt, Reply, bool]]
 
 
 async def _start(request: Request, parse: Parse, error: Callable[[BadRequest], Response],
-                 ) -> tuple["SimWorker", dict[str, Any], Reply, bool, Ticket]:
+                 ) -> tuple[SimWorker, dict[str, Any], Reply, bool, Ticket]:
     """Read, check and queue a generation request, the same for every endpoint but for its
     parser and its error body."""
     sim: SimWorker = request.app.state.sim
@@ -229,7 +227,7 @@ async def _start(request: Request, parse: Parse, error: Callable[[BadRequest], R
     return sim, body, reply, stream, ticket
 
 
-async def _finished(sim: "SimWorker", ticket: Ticket) -> None:
+async def _finished(sim: SimWorker, ticket: Ticket) -> None:
     """Wait for a whole (non-streamed) answer; an engine failure meanwhile is a 500."""
     await ticket.done.wait()
     if sim.engine.failure is not None:
@@ -269,7 +267,7 @@ async def generate(request: Request) -> Response:
 
 # -- /v1/completions -------------------------------------------------------------------------
 
-def _parse_completion(sim: "SimWorker", body: dict[str, Any]) -> tuple[Prompt, Reply, bool]:
+def _parse_completion(sim: SimWorker, body: dict[str, Any]) -> tuple[Prompt, Reply, bool]:
     _check_single(body)
     field = body.get("prompt")
     if isinstance(field, list) and field and all(isinstance(i, int) for i in field):
@@ -315,7 +313,7 @@ async def completions(request: Request) -> Response:
 
 # -- /v1/chat/completions --------------------------------------------------------------------
 
-def _parse_chat(sim: "SimWorker", body: dict[str, Any]) -> tuple[Prompt, Reply, bool]:
+def _parse_chat(sim: SimWorker, body: dict[str, Any]) -> tuple[Prompt, Reply, bool]:
     _check_single(body)
     prompt = render_chat(body.get("messages"), body.get("tools"))
     max_tokens = _int_field(body, "max_completion_tokens", 1) or _int_field(body, "max_tokens", 1)
@@ -344,7 +342,7 @@ async def chat(request: Request) -> Response:
     return StreamingResponse(_guarded(sim, _chat_events(sim, ticket, reply, body, head)), media_type="text/event-stream")
 
 
-async def _chat_events(sim: "SimWorker", ticket: Ticket, reply: Reply, body: Mapping[str, Any],
+async def _chat_events(sim: SimWorker, ticket: Ticket, reply: Reply, body: Mapping[str, Any],
                        head: dict[str, Any]) -> AsyncGenerator[bytes, None]:
     def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
         return _sse({**head, "object": "chat.completion.chunk",

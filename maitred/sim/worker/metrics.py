@@ -11,19 +11,18 @@ exported.
 
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from maitred.sim.worker.app import SimWorker
+from maitred.sim.worker.state import SimWorker
 
 SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 
 
-def _locked_tokens(sim: "SimWorker") -> int:
+def _locked_tokens(sim: SimWorker) -> int:
     worker = sim.engine.worker
     running = {r.program_id for r in worker.running}
     agents = {r.agent for r in worker.running}
@@ -31,12 +30,12 @@ def _locked_tokens(sim: "SimWorker") -> int:
             + sum(worker.prefixes[a].tokens for a in agents if a in worker.prefixes))
 
 
-def _hit_rate(sim: "SimWorker") -> float:
+def _hit_rate(sim: SimWorker) -> float:
     c = sim.engine.counters
     return (c.cached_device + c.cached_host) / c.prompt_tokens if c.prompt_tokens else 0.0
 
 
-def loads_entry(sim: "SimWorker", include: set[str] | None) -> dict[str, Any]:
+def loads_entry(sim: SimWorker, include: set[str] | None) -> dict[str, Any]:
     """One ``LoadSnapshot.to_dict()`` (rank 0); ``include`` as SGLang's query parameter."""
     if include is not None and not include <= SECTIONS:
         raise ValueError(f"include: invalid sections {sorted(include - SECTIONS)}; valid options: {sorted(SECTIONS)}")
@@ -67,7 +66,7 @@ def loads_entry(sim: "SimWorker", include: set[str] | None) -> dict[str, Any]:
 
 
 class _SimCollector(Collector):
-    def __init__(self, sim: "SimWorker") -> None:
+    def __init__(self, sim: SimWorker) -> None:
         self.sim = sim
 
     def collect(self) -> Iterator[Metric]:
@@ -107,7 +106,7 @@ class _SimCollector(Collector):
         yield cached
 
 
-def metrics_text(sim: "SimWorker") -> bytes:
+def metrics_text(sim: SimWorker) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_SimCollector(sim))
     return generate_latest(registry)

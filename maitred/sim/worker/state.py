@@ -1,0 +1,39 @@
+"""One simulated worker's state: its settings, its capacity, its engine and its KV-event publisher.
+
+A class of its own so that every part of the server that reads it (the app's information
+endpoints, the generation endpoints, the load report and metrics) imports it from here and none
+of them imports another to get it.
+"""
+
+import time
+
+from maitred.sim.engine import Worker
+from maitred.sim.profile import EngineProfile
+from maitred.sim.worker.config import SimWorkerConfig
+from maitred.sim.worker.engine import RealtimeEngine
+from maitred.sim.worker.kv_events import KVEventPublisher, KVEventsConfig
+
+CONTEXT_LENGTH = 131_072           # the bundled config.json's max_position_embeddings
+
+
+class SimWorker:
+    """One simulated worker: its settings, its capacity and its engine."""
+
+    def __init__(self, config: SimWorkerConfig) -> None:
+        self.config = config
+        try:
+            self.profile = EngineProfile.load(config.profile) if config.profile else EngineProfile()
+        except ValueError as exc:
+            raise ValueError(f"--profile: {exc}") from None
+        self.gpu_tokens = config.gpu_tokens or self.profile.gpu_kv_tokens
+        self.cpu_tokens = config.cpu_tokens
+        typed = config.radix_eviction_policy == "priority"
+        worker = Worker("sim", self.profile, self.gpu_tokens, self.cpu_tokens, offload=self.cpu_tokens > 0, typed_eviction=typed,
+                        write_back=config.hicache_write_policy == "write_back")
+        self.engine = RealtimeEngine(worker, config.time_scale)
+        self.started = time.time()
+        self.max_input = min(CONTEXT_LENGTH, self.gpu_tokens) - 1
+        self.kv_events = KVEventsConfig.parse(config.kv_events_config) if config.kv_events_config else None
+        self.publisher = KVEventPublisher(self.kv_events, self.engine) if self.kv_events else None
+        if self.publisher is not None:
+            self.engine.on_change = self.publisher.publish
