@@ -334,7 +334,7 @@ def test_a_host_tier_program_predicted_back_is_promoted_ahead_of_its_request():
 
 def test_readiness_history_per_signature_or_per_tool_is_a_replay_knob():
     from maitred.sim.replay import Replay
-    from maitred.sim.synthetic import SyntheticSpec, generate
+    from maitred.sim.traces.synthetic import SyntheticSpec, generate
 
     trace = generate(SyntheticSpec(programs=5, min_steps=2, max_steps=3))
     assert Replay(trace, RunConfig("maitred", 2, gpu_tokens=200_000)).state.use_signature

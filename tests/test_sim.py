@@ -10,8 +10,8 @@ import pytest
 from maitred.sim.engine import Request, Worker
 from maitred.sim.profile import EngineProfile
 from maitred.sim.replay import SIM_POLICIES, RunConfig, run_one
-from maitred.sim.synthetic import NOMINAL_STEP_S, SyntheticSpec, generate
 from maitred.sim.traces import ProgramTrace, ToolCall, Trace, TraceError, load_trace, read_tracelab
+from maitred.sim.traces.synthetic import NOMINAL_STEP_S, SyntheticSpec, generate
 
 SWE = Path(__file__).parent / "data" / "swe-agent-glm45-subset"  # 8 of the 64 sessions; see its README
 PROFILE = EngineProfile()

@@ -34,8 +34,8 @@ from maitred.gateway.sglang.launch import write_policy_for
 from maitred.harness.background import BackgroundServer
 from maitred.middleware.emitter import EmitterSettings
 from maitred.runtime.records import HOLD_TIMEOUT_S
-from maitred.sim.synthetic import SyntheticSpec, generate
 from maitred.sim.traces import ProgramTrace
+from maitred.sim.traces.synthetic import SyntheticSpec, generate
 from maitred.sim.worker.app import create_app
 from maitred.sim.worker.config import SimWorkerConfig
 

@@ -1,7 +1,5 @@
-"""The common trace model the simulator replays, and readers for three trace formats.
+"""Readers for three trace formats, and ``load_trace``, which tells them (and synthetic specs) apart.
 
-A trace is a list of programs; a program is a list of steps; a step is one model call (its whole
-prompt, its output) followed by the tool calls (and optional human wait) before the next step.
 Readers validate as they go: a malformed record is reported with its file, line and field, and
 skipped, never silently dropped and never fatal to the records beside it; a file with no usable
 program at all is an error.
@@ -19,57 +17,17 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from maitred.sim.traces.records import ProgramTrace, Step, ToolCall, Trace, TraceError
+from maitred.sim.traces.synthetic import from_spec
+
 #: The largest prompt or output a trace may claim. Today's longest context windows are 10M
 #: tokens; a count beyond that is a broken record, and replaying it would only stall the run.
 MAX_TOKENS = 10_000_000
-
-
-class TraceError(ValueError):
-    """A trace that cannot be used at all (no program survived validation, unknown format)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    name: str
-    duration_s: float
-    deadline_s: float | None = None
-    signature: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    agent: str
-    input_tokens: int          # the whole prompt of this model call
-    output_tokens: int
-    tools: tuple[ToolCall, ...] = ()
-    human_wait_s: float = 0.0  # after the tools, before the next step
-    handoff_tokens: int | None = None  # set on the first step of a new agent: the shared context
-
-
-@dataclass(frozen=True, slots=True)
-class ProgramTrace:
-    program_id: str
-    steps: tuple[Step, ...]
-
-
-@dataclass
-class Trace:
-    """A replayable trace. ``skipped`` lists every record the reader refused (``file:line:
-    field: reason; what was skipped``): the reader never logs, so the caller decides how to
-    report it (the CLI prints it once, not once per worker process)."""
-
-    name: str
-    programs: list[ProgramTrace]
-    prefix_tokens: dict[str, int] = field(default_factory=dict)  # each agent's shared system prompt
-    skipped: list[str] = field(default_factory=list)               # what validation refused, and why
-
-    def tool_durations(self) -> list[float]:
-        return [t.duration_s for p in self.programs for s in p.steps for t in s.tools]
 
 
 class _Problems:
@@ -356,8 +314,6 @@ def load_trace(path: str | Path) -> Trace:
     """Read a trace, telling the format from what is there; ``synthetic:...`` specs generate one."""
     text = str(path)
     if text.startswith("synthetic"):
-        from maitred.sim.synthetic import from_spec
-
         return from_spec(text)
     p = Path(path)
     try:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 from urllib.parse import parse_qsl
 
-from maitred.sim.traces import ProgramTrace, Step, ToolCall, Trace, TraceError
+from maitred.sim.traces.records import ProgramTrace, Step, ToolCall, Trace, TraceError
 
 NOMINAL_STEP_S = 3.0
 SHORT_MU, SHORT_SIGMA = 0.0808, 0.5
