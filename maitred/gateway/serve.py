@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from maitred.bind import check_bindable
+from maitred.bind import KEEP_ALIVE_S, check_bindable
 from maitred.flags import bounded, port, positive, seconds
 from maitred.runtime.records import HOLD_TIMEOUT_S, SignalConfig
 
@@ -177,7 +177,6 @@ def run(args: argparse.Namespace) -> int:
 
     from maitred.gateway.app import build_app
     from maitred.gateway.sglang.launch import ChildServers
-    from maitred.harness.background import KEEP_ALIVE_S
 
     # The scheduler thread's policy step is CPU-bound Python; a shorter GIL switch interval (5 ms
     # by default) lets the event loop serve requests between its slices.

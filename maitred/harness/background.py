@@ -1,46 +1,28 @@
 """Run an ASGI app on 127.0.0.1 in a background thread, or a command as a child process, and
 wait until it answers: what the demo, the benchmarks and the end-to-end tests start their
-gateways and simulated workers with (real sockets, real HTTP; no in-process shortcuts)."""
+gateways and simulated workers with (real sockets, real HTTP; no in-process shortcuts).
 
-import shlex
+``wait_http`` lives in ``maitred.bind``, because the gateway's SGLang launcher waits for its
+children with it and the gateway must not import a harness; it is offered here too, beside the
+servers it waits for."""
+
 import socket
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import uvicorn
 
-#: Longer than HTTP clients keep idle connections (httpx: 5 s), so a client never sends on a
-#: connection the server is just closing.
-KEEP_ALIVE_S = 30
+from maitred.bind import KEEP_ALIVE_S, wait_http
+
+__all__ = ["BackgroundServer", "free_port", "wait_http"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-def wait_http(url: str, *, timeout_s: float = 30.0, process: subprocess.Popen[Any] | None = None) -> None:
-    """Poll ``url`` until it answers 2xx; raise if ``timeout_s`` passes or ``process`` exits."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if process is not None and process.poll() is not None:
-            args = process.args
-            command = shlex.join(map(str, args)) if isinstance(args, (list, tuple)) else str(args)
-            raise RuntimeError(f"{command} exited with status {process.returncode} before {url} answered "
-                               "(its own output, above, says why)")
-        try:
-            if httpx.get(url, timeout=1.0).is_success:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{url} did not answer within {timeout_s:.0f} s")
-        time.sleep(0.05)
 
 
 @dataclass

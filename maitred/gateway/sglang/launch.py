@@ -37,7 +37,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from maitred.harness.background import wait_http
+from maitred.bind import wait_http
 from maitred.runtime.hicache import write_back_for
 
 log = logging.getLogger("maitred.service")
