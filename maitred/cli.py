@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 
 from rich.table import Table
 
+from maitred import __version__
 from maitred.console import output_console
 from maitred.flags import bounded, seconds, whole
 from maitred.middleware.config import default_db_url
@@ -360,6 +361,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="maitred", description="Agent-aware serving for LLM agents.")
+    parser.add_argument("--version", action="version", version=__version__, help="print maitred's version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def db_flag(p: argparse.ArgumentParser) -> None:

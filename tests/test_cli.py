@@ -26,6 +26,22 @@ def filled(db_url):
     return db_url
 
 
+def test_version_is_maitred_dunder_version_and_written_once(capsys):
+    """``maitred --version`` prints ``maitred.__version__``, which is also what the package is
+    built with: pyproject.toml names no version of its own."""
+    import tomllib
+
+    import maitred
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"{maitred.__version__}\n"
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "maitred.__version__"}
+
+
 def test_stats_tools_json_is_one_document(filled, capsys):
     assert main(["stats", "tools", "--db", filled, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
