@@ -1,7 +1,8 @@
 """The one event vocabulary of maitred (SPEC section 4).
 
 Everything that crosses a process boundary — middleware to store, middleware to runtime, hooks to
-runtime, store to trace file — is one of these events. Instances are plain frozen dataclasses so
+runtime, store to trace file — is one of these events, and the names those boundaries share (the
+program-id headers, the trace format) are defined here too, once. Instances are plain frozen dataclasses so
 that the middleware can build them in a microsecond on the agent's hot path; validation happens
 only at the edges (``decode_event`` / ``decode_batch``), where input is untrusted, and names the
 offending field in every message.
@@ -37,6 +38,14 @@ from pydantic import ConfigDict, Field, Strict, TypeAdapter, ValidationError
 
 SCHEMA_VERSION = 1
 MAX_ID_LENGTH = 256
+#: The HTTP headers a client may name its program in, in the order they are read (SPEC 7.5):
+#: maitred's own, LiteLLM's session header, Claude Code's. Lower case, as ASGI servers deliver
+#: header names; a plain mapping of headers must be lowered before it is looked up.
+PROGRAM_ID_HEADERS = ("x-program-id", "x-litellm-session-id", "x-claude-code-session-id")
+#: The header line of a ``maitred export`` trace file (docs/trace-format.md): its ``format`` and
+#: ``version``, written by the store and checked by the simulator's reader.
+TRACE_FORMAT = "maitred-trace"
+TRACE_VERSION = 1
 #: Clocks drift; an event stamped further ahead than this is a bug in the sender, not skew.
 MAX_FUTURE_SKEW_S = 300.0
 #: Integers the store holds: 64-bit signed columns (SQLite INTEGER, PostgreSQL BIGINT).

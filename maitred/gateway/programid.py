@@ -11,10 +11,8 @@ arrives as the top-level body ``program_id`` (LiteLLM forwards neither client he
 from collections.abc import Mapping
 from typing import Any
 
-from maitred.events import MAX_ID_LENGTH
+from maitred.events import MAX_ID_LENGTH, PROGRAM_ID_HEADERS
 from maitred.gateway.guard import HTTPProblem
-
-HEADERS = ("x-program-id", "x-litellm-session-id", "x-claude-code-session-id")
 
 
 def _valid(value: Any, where: str) -> str:
@@ -49,7 +47,7 @@ def take_program_id(body: dict[str, Any], headers: Mapping[str, str]) -> tuple[s
             checked = _valid(value, f"{container}.program_id")
             found = found or checked
     if found is None:
-        for name in HEADERS:
+        for name in PROGRAM_ID_HEADERS:
             value = headers.get(name)
             if value is not None:
                 found = _valid(value, name)

@@ -40,7 +40,7 @@ from langchain_core.runnables.config import var_child_runnable_config
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, Send
 
-from maitred.events import Handoff, LLMEnd, LLMStart, ToolEnd, ToolStart
+from maitred.events import PROGRAM_ID_HEADERS, Handoff, LLMEnd, LLMStart, ToolEnd, ToolStart
 from maitred.middleware.config import emit, new_id
 from maitred.middleware.context import scope
 from maitred.middleware.handoff import context_hash
@@ -49,8 +49,8 @@ __all__ = ["PROGRAM_HEADER", "MaitredCallbackHandler", "MaitredMiddleware", "gra
 
 log = logging.getLogger("maitred")
 
-#: The header the gateway reads the program id from (SPEC 7.5); the body key is ``program_id``.
-PROGRAM_HEADER = "X-Program-Id"
+#: The header the gateway reads the program id from first (SPEC 7.5); the body key is ``program_id``.
+PROGRAM_HEADER = PROGRAM_ID_HEADERS[0]
 
 _NOTHING: Mapping[str, Any] = {}
 
@@ -209,7 +209,7 @@ def _close_tool(call: _ToolCall | None, *, result: Any = None, failure: BaseExce
 
 
 def _tagged(request: ModelRequest, program_id: str) -> ModelRequest:
-    """The request carrying the program id, as ``extra_body.program_id`` and ``X-Program-Id``.
+    """The request carrying the program id, as ``extra_body.program_id`` and ``x-program-id``.
 
     What ``request.override(model_settings=...)`` makes, for a fraction of its cost:
     ``override`` is ``dataclasses.replace``, which reads every field and runs

@@ -41,15 +41,13 @@ from typing import Any
 import httpx
 from litellm.integrations.custom_logger import CustomLogger
 
-from maitred.events import LLMEnd
+from maitred.events import PROGRAM_ID_HEADERS, LLMEnd
 from maitred.middleware.config import emit
 
-__all__ = ["PROGRAM_HEADERS", "MaitredLogger", "llm_end_of", "maitred_logger", "normalize_base", "program_id_of"]
+__all__ = ["MaitredLogger", "llm_end_of", "maitred_logger", "normalize_base", "program_id_of"]
 
 log = logging.getLogger("maitred")
 
-#: Headers a client may name its program in, in the gateway's order (SPEC 7.5).
-PROGRAM_HEADERS = ("x-program-id", "x-litellm-session-id", "x-claude-code-session-id")
 #: Where the hook leaves what it decided, for the later hooks of the same request.
 _WORKER_KEY = "maitred_worker"
 _PROGRAM_KEY = "maitred_program_id"
@@ -80,7 +78,7 @@ def program_id_of(data: Mapping[str, Any]) -> str | None:
         if isinstance(value, str) and value:
             return value
     headers = {str(k).lower(): v for k, v in (metadata.get("headers") or {}).items()}
-    for name in PROGRAM_HEADERS:
+    for name in PROGRAM_ID_HEADERS:
         value = headers.get(name)
         if isinstance(value, str) and value:
             return value

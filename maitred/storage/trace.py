@@ -14,11 +14,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from maitred.events import TRACE_FORMAT, TRACE_VERSION
 from maitred.storage.models import HandoffRow, LLMCallRow, ProgramRow, ToolCallRow
 from maitred.storage.queries import wait_spans
-
-TRACE_FORMAT = "maitred-trace"
-TRACE_VERSION = 1
 
 
 def _by_program(session: Session, model: Any, ids: list[str], order: Any) -> dict[str, list[Any]]:

@@ -91,7 +91,7 @@ def test_create_agent_records_tool_calls_with_the_models_ids_and_tags_each_model
     assert llm_ends[0].cached_tokens == 60 and {e.agent for e in llm_ends} == {"coder"}
     assert all(e.program_id == "thread-7" for e in events)
     assert [kw["extra_body"]["program_id"] for kw in model.seen_kwargs] == ["thread-7", "thread-7"]
-    assert [kw["extra_headers"]["X-Program-Id"] for kw in model.seen_kwargs] == ["thread-7", "thread-7"]
+    assert [kw["extra_headers"]["x-program-id"] for kw in model.seen_kwargs] == ["thread-7", "thread-7"]
 
 
 def test_async_agent_uses_the_async_hooks(sink):
@@ -268,7 +268,7 @@ def test_a_model_request_stays_tagged_when_its_events_cannot_be_recorded(sink, m
     agent = create_agent(model, [add], name="coder", middleware=[MaitredMiddleware()])
     agent.invoke({"messages": [{"role": "user", "content": "1+1"}]}, config("t-tag-kept"))
     assert [kw["extra_body"] for kw in model.seen_kwargs] == [{"program_id": "t-tag-kept"}] * 2
-    assert [kw["extra_headers"] for kw in model.seen_kwargs] == [{"X-Program-Id": "t-tag-kept"}] * 2
+    assert [kw["extra_headers"] for kw in model.seen_kwargs] == [{"x-program-id": "t-tag-kept"}] * 2
 
 
 def test_the_tagged_request_is_what_override_makes_and_the_original_is_untouched():
@@ -281,7 +281,7 @@ def test_the_tagged_request_is_what_override_makes_and_the_original_is_untouched
                            state={"messages": []}, model_settings={"extra_body": {"top_k": 5}, "temperature": 0})
     tagged = mlg._tagged(request, "p-1")
     expected = request.override(model_settings={"extra_body": {"top_k": 5, "program_id": "p-1"}, "temperature": 0,
-                                                "extra_headers": {"X-Program-Id": "p-1"}})
+                                                "extra_headers": {"x-program-id": "p-1"}})
     assert type(tagged) is type(expected) and tagged == expected and vars(tagged) == vars(expected)
     assert request.model_settings == {"extra_body": {"top_k": 5}, "temperature": 0}
 

@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from maitred.events import TRACE_FORMAT, TRACE_VERSION
 from maitred.sim.traces.records import ProgramTrace, Step, ToolCall, Trace, TraceError
 from maitred.sim.traces.synthetic import from_spec
 
@@ -219,10 +220,10 @@ def read_maitred(path: Path) -> Trace:
     programs: list[ProgramTrace] = []
     records = _jsonl(path, problems)
     header = next(records, None)
-    if header is None or header[0] != 1 or header[1].get("format") != "maitred-trace":
-        raise TraceError(f"{path}: line 1 is not a maitred-trace header")
-    if header[1].get("version") != 1:
-        raise TraceError(f"{path}: unsupported maitred-trace version {header[1].get('version')!r}")
+    if header is None or header[0] != 1 or header[1].get("format") != TRACE_FORMAT:
+        raise TraceError(f"{path}: line 1 is not a {TRACE_FORMAT} header")
+    if header[1].get("version") != TRACE_VERSION:
+        raise TraceError(f"{path}: unsupported {TRACE_FORMAT} version {header[1].get('version')!r}")
     for number, record in records:
         where = f"{path}:{number}"
         try:
@@ -329,6 +330,6 @@ def load_trace(path: str | Path) -> Trace:
         head = json.loads(first) if first.strip() else {}
     except (json.JSONDecodeError, RecursionError):
         raise TraceError(f"{p}: line 1 is not JSON; expected a maitred or TraceLab JSONL trace") from None
-    if isinstance(head, dict) and head.get("format") == "maitred-trace":
+    if isinstance(head, dict) and head.get("format") == TRACE_FORMAT:
         return read_maitred(p)
     return read_tracelab(p)
