@@ -25,6 +25,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import Pool
 
 import maitred.cli
+import maitred.cli.commands
 from maitred.events import Event, ToolStart
 from maitred.middleware import Emitter, EmitterSettings, StoreSink
 from maitred.storage import SessionStore, StoreUnavailable
@@ -207,7 +208,7 @@ def test_a_query_command_on_a_silent_server_says_so_in_one_line_and_exits_1(prox
     _, url, proxy = proxied
     monkeypatch.chdir(tmp_path)
     open_store(url).close()  # a maitred database, so the command gets past the existence check
-    monkeypatch.setattr(maitred.cli, "SessionStore", partial(SessionStore, read_timeout_s=READ_TIMEOUT_S))
+    monkeypatch.setattr(maitred.cli.commands, "SessionStore", partial(SessionStore, read_timeout_s=READ_TIMEOUT_S))
     with silent_once_connected(proxy):
         assert maitred.cli.main([*query, "--db", url]) == 1
     err = capsys.readouterr().err.strip()
