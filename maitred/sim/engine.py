@@ -10,17 +10,8 @@ link, FIFO), and recomputes the rest; it starts only when its whole context plus
 evicting idle KV from the tail (least recently used first, or lowest scheduler priority first
 when the policy asks for typed eviction).
 
-Host memory follows SGLang's HiCache (sgl-project/sglang ``python/sglang/srt/mem_cache/
-hiradix_cache.py``, ``memory_pool_host.py``) when offloading is on: its default ``write_through``
-policy copies every newly cached block to host memory as it is cached (here: when the request
-that computed it ends), so GPU eviction writes nothing and a block evicted from the GPU without
-a host copy (the host was full) is gone. Host eviction only removes host copies of blocks that
-are already off the GPU; MORI's engine patch (``host_evicts_gpu_copies``) lets it drop the host
-copies of GPU-resident programs first instead, in the scheduler's tier ranks. With
-``--hicache-write-policy write_back`` (``write_back``) nothing is copied when cached: a block is
-written to host memory when it is evicted from the GPU, and the eviction waits for the copy
-(``HiRadixCache.evict`` calls ``writing_check(write_back=True)``, which blocks the scheduler), so
-the host pool holds what left the GPU instead of mirroring it.
+Host memory follows SGLang's HiCache when offloading is on (write-through by default,
+write-back as an option); its bookkeeping is in ``maitred.sim.host_cache``.
 
 Eviction priority comes two ways. Stock SGLang (``--radix-eviction-policy priority``) takes it
 from requests, and a cached prefix keeps the highest priority any request gave it (the
@@ -38,61 +29,16 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from maitred.sim.engine_records import EngineStats, Prefix, Request, Segment
+from maitred.sim.host_cache import HostCache
 from maitred.sim.profile import EngineProfile
 
-
-@dataclass(slots=True)
-class Request:
-    program_id: str
-    agent: str
-    context: int            # whole prompt
-    output: int
-    arrival: float          # at the gateway (TTFT counts from here)
-    prefix: int = 0         # the agent's shared system prompt within ``context``
-    background: str | None = None  # warmup kind, None for a real request
-    priority: int | None = None     # SGLang request priority (stock priority eviction, ratcheted)
-    prefill_left: int = 0
-    decode_left: int = 0
-    ready_at: float = 0.0   # host-to-GPU load done
-    first_token_at: float | None = None
-    done_at: float | None = None
-    hit_tokens: int = 0
-    host_hit_tokens: int = 0  # the part of ``hit_tokens`` loaded back from host memory
-    recomputed: int = 0
-
-
-@dataclass(slots=True)
-class Segment:
-    """A program's private KV (its context beyond the shared prefix) on this worker."""
-
-    agent: str
-    gpu: int = 0            # context tokens [0, gpu) are on the GPU
-    host: int = 0           # and [host_from, host) in host memory
-    host_from: int = 0      # 0 with write-through; write-back copies from the first evicted token
-    last: float = 0.0
-    loading_until: float = 0.0
-
-
-@dataclass(slots=True)
-class Prefix:
-    tokens: int
-    resident: bool = False
-    users: int = 0
-    last: float = 0.0
-
-
-@dataclass(slots=True)
-class EngineStats:
-    prompt_tokens: int = 0
-    hit_tokens: int = 0
-    recomputed_tokens: int = 0
-    transfer_bytes: int = 0
-    output_tokens: int = 0
-    warmups: int = 0
+#: What callers import from here; ``Request`` is defined with the other records in ``engine_records``.
+__all__ = ["Request", "Worker"]
 
 
 @dataclass
-class Worker:
+class Worker(HostCache):
     worker_id: str
     profile: EngineProfile
     gpu_tokens: int
@@ -126,9 +72,6 @@ class Worker:
         busy = self._busy_programs()
         return (sum(seg.gpu for pid, seg in self.segments.items() if pid in busy)
                 + sum(p.tokens for p in self.prefixes.values() if p.resident and p.users > 0))
-
-    def _busy_programs(self) -> set[str]:
-        return {r.program_id for r in self.running} | {r.program_id for r in self.queue}
 
     def _evict(self, need: int, keep: set[str], keep_agent: str | None) -> None:
         """Free ``need`` tokens of idle KV, tail first. With write-through nothing is written
@@ -164,71 +107,6 @@ class Worker:
             self.gpu_used -= take
             need -= take
 
-    def _to_host(self, pid: str, seg: Segment, tokens: int) -> None:
-        """Write-through (a host copy is then a prefix, ``host_from`` 0): copy the first
-        ``tokens`` of ``pid``'s context to host memory (what is already there is not resent),
-        evicting other host copies to make room; what still does not fit is not copied."""
-        extra = max(tokens - seg.host, 0)
-        if extra == 0:
-            return
-        short = extra - (self.host_tokens - self.host_used)
-        if short > 0:
-            self._evict_host(short, {pid})
-            extra = min(extra, self.host_tokens - self.host_used)
-        if extra <= 0:
-            return
-        seg.host += extra
-        self.host_used += extra
-        self.stats.transfer_bytes += extra * self.profile.kv_bytes_per_token
-
-    def _write_back(self, pid: str, seg: Segment, start: int, keep: set[str]) -> None:
-        """Write-back eviction of ``pid``'s GPU tokens from ``start`` on: copy what has no host
-        copy yet, so the host copy becomes one range with them; the scheduler waits for the
-        copy. In the rare case of a gap between an older copy and the evicted tokens, the gap
-        (still on the GPU) is copied too; an older copy that no longer joins the GPU part (the
-        GPU tokens before it were lost) is given up. Room is made by dropping other host copies,
-        never those of ``keep`` (the programs being served, whose copies are about to load).
-        Without room for the copy the blocks are lost, as when SGLang cannot allocate host
-        memory for them."""
-        if seg.host_from > seg.gpu:
-            self.host_used -= seg.host - seg.host_from
-            seg.host = seg.host_from = 0
-        lo, hi = (min(seg.host_from, start), max(seg.host, seg.gpu)) if seg.host > seg.host_from else (start, seg.gpu)
-        copied = (hi - lo) - (seg.host - seg.host_from)
-        if copied <= 0:
-            return
-        short = copied - (self.host_tokens - self.host_used)
-        if short > 0:
-            self._evict_host(short, keep | {pid})
-            if copied > self.host_tokens - self.host_used:
-                return
-        seg.host_from, seg.host = lo, hi
-        self.host_used += copied
-        self.stats.transfer_bytes += copied * self.profile.kv_bytes_per_token
-        self.stalled_until = max(self.stalled_until, self.t) + self.profile.load_s(copied)
-
-    def _evict_host(self, short: int, keep: set[str]) -> None:
-        """Free ``short`` host tokens, tail first, in LRU order (tier ranks first when the policy
-        types eviction). Stock HiCache only takes host copies of blocks already evicted from
-        the GPU (the part of a copy beyond ``gpu``); MORI's patch may take any copy."""
-        busy = self._busy_programs()
-
-        def rank(kv: tuple[str, Segment]) -> tuple[int, float]:
-            return (self.host_ranks.get(kv[0], 0) if self.typed_eviction else 0, kv[1].last)
-
-        for other_pid, other in sorted(self.segments.items(), key=rank):
-            if short <= 0:
-                break
-            if other_pid in keep or other_pid in busy:
-                continue
-            floor = max(0 if self.host_evicts_gpu_copies else other.gpu, other.host_from)
-            take = min(max(other.host - floor, 0), short)
-            other.host -= take
-            self.host_used -= take
-            short -= take
-            if other.host <= other.host_from:
-                other.host = other.host_from = 0
-
     def _segment(self, pid: str, agent: str) -> Segment:
         seg = self.segments.get(pid)
         if seg is None or seg.agent != agent:
@@ -237,18 +115,6 @@ class Worker:
                 self.host_used -= seg.host - seg.host_from
             seg = self.segments[pid] = Segment(agent)
         return seg
-
-    def _host_after(self, seg: Segment, gpu: int, upto: int) -> int:
-        """Tokens of ``seg`` in host memory that continue its GPU part ``[0, gpu)``, up to ``upto``."""
-        if not self.offload or seg.host_from > gpu:
-            return 0
-        return min(max(seg.host - gpu, 0), max(upto - gpu, 0))
-
-    def _load(self, seg: Segment, tokens: int, now: float) -> float:
-        start = max(now, self.link_free_at)
-        self.link_free_at = start + self.profile.load_s(tokens)
-        self.stats.transfer_bytes += tokens * self.profile.kv_bytes_per_token
-        return self.link_free_at
 
     # -- requests -------------------------------------------------------------------------------
 
