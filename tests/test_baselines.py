@@ -208,12 +208,16 @@ def test_thunderagent_pauses_the_smallest_acting_then_marks_every_reasoning_prog
     st_.workers["w0"].used_tokens = 9_000
     policy = ThunderAgent()
     decision = Scheduler(st_, policy).tick(NOW)
-    assert [(m.program_id, m.dst) for m in decision.tier_moves] == [("small", Tier.WAITING), ("big", Tier.WAITING)]
-    assert set(policy.marked) == {"r1", "r2"}  # marking frees nothing: both are marked
+    assert [(m.program_id, m.dst) for m in decision.tier_moves if not m.lazy] == [("small", Tier.WAITING), ("big", Tier.WAITING)]
+    # marking frees nothing: both are marked, and the marks live in the state, not in the policy
+    assert {m.program_id for m in decision.tier_moves if m.lazy} == {"r1", "r2"} == decision.withheld
+    assert st_.programs["r1"].lazy_demote and st_.programs["r2"].lazy_demote and vars(policy) == {}
     assert st_.programs["r1"].tier is Tier.GPU and not {"r1", "r2"} & decision.admitted
     st_.programs["r1"].phase, st_.programs["r1"].phase_since = Phase.ACTING, NOW + 1  # its request ended
-    decision = Scheduler(st_, policy).tick(NOW + 5)
-    assert ("r1", Tier.WAITING) in [(m.program_id, m.dst) for m in decision.tier_moves]
+    st_.touch("r1")
+    decision = Scheduler(st_, ThunderAgent()).tick(NOW + 5)  # a fresh policy object: nothing lives in it
+    assert ("r1", Tier.WAITING) in [(m.program_id, m.dst) for m in decision.tier_moves if not m.lazy]
+    assert "r1" not in decision.withheld and "r2" in decision.withheld
 
 
 def test_thunderagent_resumes_pending_then_new_then_acting_smallest_first_placed_largest_first():
@@ -297,9 +301,10 @@ def test_each_policy_runs_at_its_published_cadence_and_hold_bound():
     assert (RunConfig("thunderagent", 1).period, RunConfig("thunderagent", 1).hold) == (5.0, 1800.0)
     assert (RunConfig("thunderagent_offload", 1).period, RunConfig("mori", 1).period) == (5.0, 5.0)
     assert RunConfig("mori", 1, hold_timeout_s=30.0).hold == 30.0
-    urgent = {name for name, sim in SIM_POLICIES.items() if sim.urgent_s is not None and sim.urgent_s > 0}
-    # maitred's gateway (and its variants and the references run on it)
+    urgent = {name for name in SIM_POLICIES if RunConfig(name, 1).cadence.urgent_s is not None}
+    # maitred (and its variants and the references run on it); the others wait for their period
     assert urgent == {"maitred", "maitred_no_preprefill", "maitred_write_through", "oracle", "clairvoyant"}
+    assert RunConfig("maitred", 1).hold == 300.0  # the gateway's default, the same in the replay
     with pytest.raises(ValueError, match="hold_timeout_s"):
         RunConfig("mori", 1, hold_timeout_s=-1)
 

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from maitred.events import Handoff, LLMEnd, LLMStart
 from maitred.runtime import POLICIES, Phase, Scheduler, SignalConfig, Tier, make_policy
+from maitred.runtime.core import RuntimeCore
 from maitred.runtime.policies.maitred import OVERDUE_S
 from maitred.runtime.records import WorkerState
 from maitred.runtime.tiering import plan_tiers, working_set_capacity
@@ -200,7 +201,8 @@ def test_maitred_places_a_new_program_at_arrival_only_into_room_free_now():
     15,000, more than the tier's 14,000 cap: a newcomer of 5,000 would need a demotion first, so
     it waits for the step (placing it at arrival would leave the tier at 20,000). With b gone,
     a alone (busy share 0.1) leaves 6,000 free in the 14,000 tier: the newcomer is placed at
-    once — but not while another program waits for the GPU outside its tier."""
+    once — but not while another program waits for the GPU outside its tier. The tier is the
+    size the last step planned (``tier_tokens``), so the arrival rule reads no other program."""
     def case(*, with_b=True, waiting=False):
         a = program("a", tokens=7_488, home="w0", tier=Tier.GPU, cycles=[(1, 9)] * 4)
         b = program("b", tokens=6_488, home="w0", tier=Tier.GPU, cycles=[(9, 1)] * 4)
@@ -209,7 +211,9 @@ def test_maitred_places_a_new_program_at_arrival_only_into_room_free_now():
         ps = [a, new] + ([b] if with_b else []) + ([held] if waiting else [])
         for p in ps:
             p.phase_since = NOW
-        return state([("w0", 10_000, 10_000)], ps).view(NOW)
+        st_ = state([("w0", 10_000, 10_000)], ps)
+        st_.tier_tokens["w0"] = working_set_capacity(st_.view(NOW))["w0"].fill  # what a step plans
+        return st_.view(NOW, lazy=True)
 
     policy = make_policy("maitred")
     assert policy.admit_at_arrival(case(), "new") is None
@@ -222,8 +226,9 @@ def test_maitred_places_a_new_program_at_arrival_only_into_room_free_now():
 def test_the_live_state_admits_at_once_within_the_tier_maitred_planned_beyond_the_gpu():
     """After a maitred step sized w0's tier beyond its 10,000-token GPU (two idle programs of
     4,488 +512: busy share 0.1), a host-tier program of 1,488 (+512) whose tool just returned is
-    admitted at once by ``admit_now`` (the gateway's path, no wait for a step): 12,000 planned
-    in a 24,000-token tier. Before any step the tier is the GPU, and the same request is held."""
+    admitted at once by maitred's arrival rule (``RuntimeCore.arrive``, both drivers' path, no
+    wait for a step): 12,000 planned in a 24,000-token tier. Before any step the tier is the
+    GPU, and the same request is held."""
     def case():
         idle = [program(f"i{k}", tokens=4_488, home="w0", tier=Tier.GPU, cycles=[(1, 9)] * 4) for k in range(2)]
         back = program("back", tokens=1_488, home="w0", tier=Tier.CPU, cycles=[(1, 9)] * 4)
@@ -232,11 +237,12 @@ def test_the_live_state_admits_at_once_within_the_tier_maitred_planned_beyond_th
         return state([("w0", 10_000, 20_000)], [*idle, back])
 
     fresh = case()
-    assert fresh.admit_now("back") is None
+    assert RuntimeCore(fresh, "maitred").arrive("back", NOW + 1).worker is None
     st_ = case()
-    decision = Scheduler(st_, "maitred").tick(NOW)
-    assert decision.tier_tokens == {"w0": 24_000} and st_.tier_tokens == {"w0": 24_000}
-    assert st_.admit_now("back") == "w0" and st_.programs["back"].tier is Tier.GPU
+    core = RuntimeCore(st_, "maitred")
+    result = core.step(NOW)
+    assert result.decision.tier_tokens == {"w0": 24_000} and st_.tier_tokens == {"w0": 24_000}
+    assert core.arrive("back", NOW + 1).worker == "w0" and st_.programs["back"].tier is Tier.GPU
 
 
 def test_the_plan_recheck_holds_maitreds_assignments_to_the_tier_it_planned():

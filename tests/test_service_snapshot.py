@@ -2,6 +2,7 @@
 
 from maitred.events import LLMEnd, LLMStart, ProgramEnd, ToolEnd, ToolStart
 from maitred.runtime import Phase, Scheduler, Tier
+from maitred.runtime.core import RuntimeCore
 from maitred.runtime.decisions import Assignment, Decision, TierMove
 from maitred.runtime.placement import signature
 from tests.runtime_helpers import NOW, program, state
@@ -90,18 +91,26 @@ def test_apply_drops_tier_moves_of_programs_that_moved():
     assert applied.tier_moves == () and st.programs["a"].tier is Tier.WAITING
 
 
-def test_admit_now_takes_a_gpu_program_and_promotes_one_that_fits_at_home():
-    gpu = program("g", tokens=2_000, home="w0", tier=Tier.GPU)
-    cpu = program("c", tokens=2_000, home="w0", tier=Tier.CPU)
-    big = program("b", tokens=9_000, home="w0", tier=Tier.CPU)
-    new = program("n", tokens=100)
-    st = state([("w0", 8_000, 20_000)], [gpu, cpu, big, new])
-    assert st.admit_now("g") == "w0"
-    assert st.admit_now("c") == "w0" and st.programs["c"].tier is Tier.GPU
-    assert st.admit_now("b") is None and st.programs["b"].tier is Tier.CPU
-    assert st.admit_now("n") is None      # no home yet: the next step places it
+def test_arrival_takes_a_gpu_program_and_maitred_promotes_one_that_fits_at_home():
+    """A GPU-tier program goes at once under every policy; a demoted one goes back to its home
+    GPU at once only under maitred (the baselines wait for their step, as published)."""
+    def case(policy):
+        gpu = program("g", tokens=2_000, home="w0", tier=Tier.GPU)
+        cpu = program("c", tokens=2_000, home="w0", tier=Tier.CPU)
+        big = program("b", tokens=9_000, home="w0", tier=Tier.CPU)
+        st = state([("w0", 8_000, 20_000)], [gpu, cpu, big])
+        return st, RuntimeCore(st, policy)
+
+    st, core = case("maitred")
+    assert core.arrive("g", NOW).worker == "w0"
+    assert core.arrive("c", NOW).worker == "w0" and st.programs["c"].tier is Tier.GPU
+    assert core.arrive("b", NOW).worker is None and st.programs["b"].tier is Tier.CPU and "b" in core.held
     st.set_worker_health("w0", False)
-    assert st.admit_now("g") is None
+    assert core.arrive("g", NOW).worker is None
+    for policy in ("thunderagent", "mori", "tao"):
+        st, core = case(policy)
+        assert core.arrive("g", NOW).worker == "w0"
+        assert core.arrive("c", NOW).worker is None and st.programs["c"].tier is Tier.CPU, policy
 
 
 def test_assignment_signature_is_what_apply_compares():

@@ -137,6 +137,14 @@ def add_admin_routes(app: FastAPI, runtime: Runtime, *, token: str | None, max_e
         rows.append(_stats("*", history.overall))
         return _json({"tools": rows, "prediction": {"n": log.n, "mae_s": log.mae_s, "within_half_second": log.within_half_second_share}})
 
+    async def journal(request: Request) -> Response:
+        """The core's decisions as they took effect (``maitred serve --journal``): what the parity
+        test compares with the replay's, and a record of why a program ran where it did."""
+        if not runtime.cfg.journal:
+            raise HTTPProblem(404, "the journal is off: start maitred serve with --journal", kind="not_found")
+        return _json([{"t": e.t, "kind": e.kind, "program_id": e.program_id, "worker": e.worker, "detail": e.detail}
+                      for e in runtime.core.journal])
+
     async def metrics(request: Request) -> Response:
         runtime.metrics.observe_state(runtime.state)
         return Response(runtime.metrics.render(), media_type=CONTENT_TYPE)
@@ -155,6 +163,7 @@ def add_admin_routes(app: FastAPI, runtime: Runtime, *, token: str | None, max_e
     app.add_route("/v1/programs", guarded(programs), methods=["GET"], include_in_schema=False)
     app.add_route("/v1/programs/{program_id:path}", guarded(program), methods=["GET"], include_in_schema=False)
     app.add_route("/v1/stats/tools", guarded(tool_stats), methods=["GET"], include_in_schema=False)
+    app.add_route("/v1/journal", guarded(journal), methods=["GET"], include_in_schema=False)
     app.add_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
     app.add_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
 

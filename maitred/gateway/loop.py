@@ -1,16 +1,17 @@
-"""The live runtime: the policy core driven by requests, events and a clock.
+"""The live driver of the runtime core: requests, events and worker health on the wall clock.
 
-``Runtime`` owns the ``RuntimeState`` and mutates it only on the asyncio event loop, so no lock
-is needed. A scheduler step is event-driven (a held request, a tool that ended, a worker that
-failed) plus a periodic tick: the state is snapshotted on the loop (copy-on-write: cheap), the
-policy runs on the snapshot in a worker thread so a 10,000-program step never stalls requests,
-and the plan is re-checked against the live state before it is applied (``Scheduler.apply``).
+``Runtime`` owns the ``RuntimeState`` and its ``RuntimeCore`` and mutates them only on the
+asyncio event loop, so no lock is needed. Every rule — admission at arrival, holding and
+forced admission, priorities, which warmups to send, the plan re-check — is the core's
+(``maitred/runtime/core.py``), which the replay drives the same way in virtual time; this module
+only keeps time, holds the requests (futures), talks to the workers and counts metrics.
 
-Admission: a request whose program fits is let through at once (``RuntimeState.admit_now``);
-otherwise it is held until a step admits its program, or for at most ``hold_timeout_s``, after
-which it is let through anyway and the state records where (``force_admit``). A failed step is
-logged and counted, and held requests are routed plainly — sticky to a healthy home, else to
-the least loaded worker — so a scheduler bug never costs a request.
+A scheduler step runs on the policy's cadence (``Cadence.period_s``) and, for policies that
+have one, ``urgent_s`` after a request is held or a handoff arrives. The state is snapshotted on
+the loop (copy-on-write: cheap), the policy runs on the snapshot in a worker thread so a
+10,000-program step never stalls requests, and the core applies what still holds. A failed step
+is logged and counted, and held requests are routed plainly — sticky to a healthy home, else
+to the least loaded worker — so a scheduler bug never costs a request.
 """
 
 import asyncio
@@ -21,21 +22,21 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
 
-from maitred.events import Event, Handoff, LLMEnd, LLMStart, ProgramEnd, ToolEnd
+from maitred.events import Event, Handoff, LLMEnd, ProgramEnd, ToolEnd
 from maitred.gateway.metrics import Metrics, Tally, program_counts
 from maitred.gateway.sglang.client import SGLangWorker, WorkerProtocolError
 from maitred.gateway.store_writer import StoreWriter
 from maitred.gateway.usage import PromptSize
+from maitred.runtime.core import CoreConfig, Plan, RuntimeCore, StepResult
 from maitred.runtime.decisions import Decision, Warmup
 from maitred.runtime.hicache import WRITE_BACK_BELOW_RATIO, write_back_for
-from maitred.runtime.records import HOLD_TIMEOUT_S, SignalConfig, Tier, WorkerState
-from maitred.runtime.scheduler import Scheduler, free_after
-from maitred.runtime.state import RuntimeState, Snapshot, View, pending_at
+from maitred.runtime.records import SignalConfig, Tier, WorkerState
+from maitred.runtime.state import RuntimeState, Snapshot
 
 log = logging.getLogger("maitred.service")
 
@@ -47,17 +48,23 @@ class NoWorkerAvailable(RuntimeError):
     """Every worker is down: the request cannot be served (the gateway answers 503)."""
 
 
+#: What a driver keeps of a program's last prompt for a warmup: text, token ids, or chat messages
+#: with their tools (rendered by the worker's ``/v1/tokenize`` when a warmup is sent).
+Prompt = str | list[int] | tuple[list[dict[str, Any]], list[dict[str, Any]] | None]
+
+
 @dataclass(frozen=True, slots=True)
 class RuntimeConfig:
     policy: str = "maitred"
-    tick_s: float = 1.0              # periodic scheduler step
+    tick_s: float | None = None      # periodic scheduler step (None: the policy's cadence)
     min_gap_s: float = 0.01          # event-driven steps closer than this are coalesced
-    hold_timeout_s: float = HOLD_TIMEOUT_S   # bounded wait of a held request before forced admission
+    hold_timeout_s: float | None = None  # bounded wait of a held request (None: the policy's cadence)
     poll_s: float = 1.0              # worker health and load polling
     fail_after: int = 3              # failed health checks in a row before a worker is declared down
     priority: bool = False           # set SGLang's request priority (--radix-eviction-policy priority)
-    priority_epoch_s: float = 10.0   # see Runtime.priority_for
+    priority_epoch_s: float = 10.0   # see maitred.runtime.admission.encode_priority
     warmups: bool = True
+    journal: bool = False            # keep the core's decisions for GET /v1/journal
     program_ttl_s: float = 3600.0    # programs silent this long are forgotten (no program.end came)
     busy_margin: float = SignalConfig().busy_margin              # maitred's GPU-tier sizing (tiering.py)
     overcommit_headroom: float = SignalConfig().overcommit_headroom
@@ -65,7 +72,7 @@ class RuntimeConfig:
     def __post_init__(self) -> None:
         for name in ("tick_s", "hold_timeout_s", "poll_s", "priority_epoch_s", "program_ttl_s"):
             value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
+            if value is not None and not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
         if self.fail_after < 1:
             raise ValueError("fail_after must be at least 1")
@@ -101,26 +108,30 @@ class Runtime:
     clock: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
-        self.state = RuntimeState([], SignalConfig(period_s=self.cfg.tick_s, busy_margin=self.cfg.busy_margin,
+        self.state = RuntimeState([], SignalConfig(busy_margin=self.cfg.busy_margin,
                                                    overcommit_headroom=self.cfg.overcommit_headroom))
         for url in self.backends:
             self.state.add_worker(WorkerState(url, gpu_tokens=0, healthy=False))
-        self.scheduler = Scheduler(self.state, self.cfg.policy)
+        self.started_at = self.clock()
+        self.core = RuntimeCore(self.state, self.cfg.policy, CoreConfig(
+            period_s=self.cfg.tick_s, hold_s=self.cfg.hold_timeout_s, priorities=self.cfg.priority,
+            priority_epoch_s=self.cfg.priority_epoch_s, warmups=self.cfg.warmups, journal=self.cfg.journal),
+            started_at=self.started_at)
+        self.state.cfg = replace(self.state.cfg, period_s=self.core.cadence.period_s)
+        self.scheduler = self.core.scheduler
         self.decision: Decision | None = None
         self.inflight: Counter[str] = Counter()
-        self.started_at = self.clock()
         self.steps_failed = 0
         self._held: dict[str, list[_Held]] = {}
         self._health = {url: _WorkerHealth() for url in self.backends}
-        self._priorities: Mapping[str, int] = {}
-        self.ratchet: dict[tuple[str, str], int] = {}   # (program, worker) -> highest priority sent
-        self._prompts: dict[str, str | list[int]] = {}  # program -> its last text prompt (for warmups)
+        self._prompts: dict[str, Prompt] = {}  # program -> its last prompt (for warmups)
         self._handoff_prompts: dict[str, str] = {}  # consumer program -> a handoff's expected_prompt
         self.last_usage: dict[str, tuple[int, int | None]] = {}  # program -> (prompt, cached) tokens of its last answer
         self._chars_per_token: dict[str, float] = {}  # program -> learned from its answers (admission estimates)
         self._warming: dict[str, asyncio.Task[None]] = {}
         self._tool_labels: set[str] = set()
         self._kick = asyncio.Event()
+        self._urgent_at: float | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="maitred-scheduler")
         self._policy_failures_seen = 0
@@ -246,29 +257,37 @@ class Runtime:
 
     async def admit(self, program_id: str, *, request_id: str, agent: str | None, model: str | None,
                     prompt_tokens: int | None, store: bool = True) -> Admission:
-        """Wait until ``program_id`` may run, and say where."""
+        """Wait until ``program_id`` may run, and say where. A request refused because no worker
+        is healthy leaves nothing behind of a program it created."""
         now = self.clock()
-        event = LLMStart(ts=now, program_id=program_id, agent=agent, request_id=request_id, model=model,
-                         prompt_tokens=prompt_tokens)
-        self.state.apply(event)
+        known = program_id in self.state.programs
+        arrival = self.core.arrive(program_id, now, agent=agent, model=model, prompt_tokens=prompt_tokens,
+                                   request_id=request_id)
+        worker = arrival.worker
         if store and self.writer is not None:
-            self.writer.submit([event])
+            self.writer.submit([arrival.event])
         self._handoff_prompts.pop(program_id, None)  # the consumer asked: its warmup is moot
         warming = self._warming.pop(program_id, None)
         if warming is not None:  # overtaken by the real request: the warmup is moot
             warming.cancel()
-        worker = self.state.admit_now(program_id) or self._place_at_arrival(program_id)
+        if arrival.decision is not None:
+            for a in arrival.decision.assignments:
+                self.metrics.assignments.labels(a.reason).inc()
         if worker is not None:
             self.metrics.queue_wait.observe(0.0)
             return Admission(worker, 0.0)
         if not any(w.healthy for w in self.state.workers.values()):
+            self.core.unhold(program_id)
+            if not known:
+                self.core.discard(program_id)
             raise self.no_worker()
         held = _Held(asyncio.get_running_loop().create_future(), time.monotonic())
         self._held.setdefault(program_id, []).append(held)
-        self.kick()
+        self.kick_soon()
         forced = False
         try:
-            worker = await asyncio.wait_for(asyncio.shield(held.future), self.cfg.hold_timeout_s)
+            timeout = max(self.core.hold_deadline(program_id) - self.clock(), 0.0)
+            worker = await asyncio.wait_for(asyncio.shield(held.future), timeout)
         except TimeoutError:
             worker, forced = self._force(program_id), True
         finally:
@@ -277,86 +296,42 @@ class Runtime:
                 waiters.remove(held)
                 if not waiters:
                     del self._held[program_id]
+                    self.core.unhold(program_id)
         waited = time.monotonic() - held.since
         self.metrics.queue_wait.observe(waited)
         return Admission(worker, waited, forced)
-
-    def _place_at_arrival(self, program_id: str) -> str | None:
-        """A new program's first request, placed at once by the policy's own arrival rule
-        (maitred, ThunderAgent and MORI have one; the replay applies the same rule), instead of
-        waiting for the step it would trigger. None: no rule, or it says wait."""
-        rule = getattr(self.scheduler.policy, "admit_at_arrival", None)
-        p = self.state.programs.get(program_id)
-        if rule is None or p is None or p.home_worker is not None:
-            return None
-        try:
-            decision = rule(self.state.view(self.clock(), lazy=True), program_id)
-        except Exception:  # the step it falls back to degrades the same way (Scheduler.plan)
-            log.exception("maitred: %s's arrival rule failed; %s waits for a step", self.scheduler.policy.name, program_id)
-            return None
-        if decision is None:
-            return None
-        self.state.apply_decision(decision)
-        for a in decision.assignments:
-            self.metrics.assignments.labels(a.reason).inc()
-        home = self.state.programs[program_id].home_worker
-        return home if home is not None and self.state.workers[home].healthy else None
 
     def held_count(self) -> int:
         return sum(len(w) for w in self._held.values())
 
     def _force(self, program_id: str) -> str:
-        """Let a held request through: its healthy home, else the least loaded worker."""
-        p = self.state.programs.get(program_id)
-        home = p.home_worker if p is not None else None
-        worker = home if home is not None and self.state.workers[home].healthy else self.least_loaded()
-        self.state.force_admit(program_id, worker)
+        """Let a held request through after its bounded wait (the core's rule)."""
+        worker = self.core.force(program_id, self.clock(), load=self.inflight)
+        if worker is None:
+            raise self.no_worker()
         self.metrics.forced.inc()
         self.kick()
         return worker
 
-    def _release(self) -> None:
-        for pid, waiters in list(self._held.items()):
-            worker = self.state.admit_now(pid)
-            if worker is None:
-                continue
-            for h in waiters:
+    def _resolve(self, released: Mapping[str, str]) -> None:
+        for pid, worker in released.items():
+            for h in self._held.get(pid, ()):
                 if not h.future.done():
                     h.future.set_result(worker)
 
-    def _route_plainly(self) -> None:
-        """After a failed step: every held request goes to its healthy home, else the least
-        loaded worker (sticky, else least loaded)."""
-        for pid, waiters in list(self._held.items()):
-            try:
-                worker = self._force(pid)
-            except NoWorkerAvailable:
-                return
-            for h in waiters:
-                if not h.future.done():
-                    h.future.set_result(worker)
-
-    def remember_prompt(self, program_id: str, prompt: str | list[int]) -> None:
-        """The last text prompt of a program: what a warmup replays (chat prompts cannot be
-        warmed: the chat template is applied inside the worker)."""
+    def remember_prompt(self, program_id: str, prompt: Prompt) -> None:
+        """The last prompt of a program: what a warmup replays (chat messages are rendered by the
+        worker's own chat template, ``/v1/tokenize``, when the warmup is sent)."""
         self._prompts[program_id] = prompt
+        self.core.prompt_seen(program_id)
 
     def priority_for(self, program_id: str, worker: str) -> int | None:
-        """SGLang request priority for ``--radix-eviction-policy priority``, or None when off.
+        """SGLang request priority for ``--radix-eviction-policy priority``, or None when off (the core's encoding)."""
+        return self.core.priority_for(program_id, worker, self.clock())
 
-        SGLang's ratchet: a cached prefix keeps the highest priority any request gave it, so a
-        program once sent high cannot be demoted by sending it low. Priorities are therefore
-        made to rise with time — the policy's priority within an epoch of ``priority_epoch_s``,
-        every later epoch above every earlier one — and a program the policy demotes (it sends
-        no requests while idle) is overtaken by the programs still running, instead of being
-        lowered. ``ratchet`` records the effective value per (program, worker)."""
-        if not self.cfg.priority:
-            return None
-        epoch = int((self.clock() - self.started_at) / self.cfg.priority_epoch_s)
-        value = epoch * 1000 + self._priorities.get(program_id, 100)
-        key = (program_id, worker)
-        self.ratchet[key] = max(self.ratchet.get(key, value), value)
-        return value
+    @property
+    def ratchet(self) -> dict[str, dict[str, int]]:
+        return self.core.ratchet
 
     def estimate_prompt(self, program_id: str, size: PromptSize | None) -> int | None:
         """Prompt tokens of a request before the worker counts them: what admission weighs it
@@ -385,7 +360,7 @@ class Runtime:
         event = LLMEnd(ts=now, program_id=program_id, request_id=request_id, prompt_tokens=prompt,
                        completion_tokens=completion_tokens or 0, cached_tokens=cached_tokens,
                        worker=worker if ok else None, ttft_s=ttft_s, status="ok" if ok else "error")
-        self.state.apply(event)
+        self.core.observe(event)
         if store and self.writer is not None:
             self.writer.submit([event])
 
@@ -394,7 +369,7 @@ class Runtime:
         self._end(program_id, self.clock())
 
     def _end(self, program_id: str, now: float) -> None:
-        self.state.apply(ProgramEnd(ts=now, program_id=program_id))
+        self.core.end(program_id, now)
         self._forget(program_id)
 
     def _forget(self, program_id: str) -> None:
@@ -402,8 +377,6 @@ class Runtime:
         self._handoff_prompts.pop(program_id, None)
         self.last_usage.pop(program_id, None)
         self._chars_per_token.pop(program_id, None)
-        for key in [k for k in self.ratchet if k[0] == program_id]:
-            del self.ratchet[key]
 
     @staticmethod
     def new_request_id() -> str:
@@ -413,18 +386,22 @@ class Runtime:
 
     def ingest(self, events: list[Event]) -> None:
         """Events from the middleware or hooks: into the live state, then to the store."""
+        handoff = False
         for e in events:
             if isinstance(e, ToolEnd):
                 self._observe_tool(e)
-            elif isinstance(e, Handoff) and e.expected_prompt is not None:
-                self._handoff_prompts[e.child_program_id or e.program_id] = e.expected_prompt
-            self.state.apply(e)
+            elif isinstance(e, Handoff):
+                handoff = True
+                if e.expected_prompt is not None:
+                    self._handoff_prompts[e.child_program_id or e.program_id] = e.expected_prompt
+            self.core.observe(e)
             if isinstance(e, ProgramEnd):
                 self._forget(e.program_id)
         self.metrics.events.inc(len(events))
         if self.writer is not None:
             self.writer.submit(events)
-        self.kick()
+        if handoff:
+            self.kick_soon()
 
     def _observe_tool(self, e: ToolEnd) -> None:
         tool = self.state.tool_for(e.program_id, e.call_id)
@@ -442,14 +419,30 @@ class Runtime:
     # -- the scheduler --------------------------------------------------------------------------
 
     def kick(self) -> None:
-        """Ask for a scheduler step soon (coalesced with any already asked for)."""
+        """Ask for a scheduler step now (coalesced with any already asked for): a worker changed."""
         self._kick.set()
+
+    def kick_soon(self) -> None:
+        """A step ``urgent_s`` after a request is held or a handoff arrives, for policies that
+        have one (``Cadence``; the replay asks for the same); the others wait for their period."""
+        urgent = self.core.cadence.urgent_s
+        if urgent is None:
+            return
+        if urgent <= 0:
+            self.kick()
+        elif self._urgent_at is None:
+            self._urgent_at = self.clock() + urgent
+            asyncio.get_running_loop().call_later(urgent, self._urgent)
+
+    def _urgent(self) -> None:
+        self._urgent_at = None
+        self.kick()
 
     async def _tick_loop(self) -> None:
         last = 0.0
         while True:
             try:
-                await asyncio.wait_for(self._kick.wait(), self.cfg.tick_s)
+                await asyncio.wait_for(self._kick.wait(), self.core.cadence.period_s)
             except TimeoutError:
                 pass
             gap = self.cfg.min_gap_s - (time.monotonic() - last)
@@ -459,28 +452,32 @@ class Runtime:
             last = time.monotonic()
             await self.step()
 
-    def _plan(self, snapshot: Snapshot, now: float) -> tuple[View, Decision, dict[str, int], Tally]:
+    def _plan(self, snapshot: Snapshot, now: float) -> tuple[Plan, Tally]:
         """The part of a step that walks every program, in the scheduler thread."""
-        view = snapshot.view(now)
-        decision = self.scheduler.plan(view)
-        return view, decision, free_after(decision, view), program_counts(snapshot.programs.values())
+        return self.core.plan(snapshot, now), program_counts(snapshot.programs.values())
 
     async def step(self) -> Decision | None:
         """One scheduler step; never raises (a failure routes held requests plainly)."""
         started = time.perf_counter()
         try:
             snapshot = self.state.snapshot()
-            view, decision, free, counts = await asyncio.get_running_loop().run_in_executor(
+            plan, counts = await asyncio.get_running_loop().run_in_executor(
                 self._executor, self._plan, snapshot, self.clock())
-            applied = self.scheduler.apply(decision, view, free)
+            result = self.core.apply(plan, self.clock())
         except asyncio.CancelledError:
             raise
         except Exception:
             self.steps_failed += 1
             self.metrics.scheduler_errors.inc()
             log.exception("maitred: scheduler step failed; routing plainly")
-            self._route_plainly()
+            self._resolve(self.core.route_plainly(self.clock(), load=self.inflight))
             return None
+        self._after_step(result)
+        self.metrics.observe_state(self.state, counts)
+        self.metrics.tick.observe(time.perf_counter() - started)
+        return result.decision
+
+    def _after_step(self, result: StepResult) -> None:
         policy_failures = self.scheduler.failures - self._policy_failures_seen
         if policy_failures:
             self.metrics.scheduler_errors.inc(policy_failures)
@@ -489,46 +486,46 @@ class Runtime:
         if voided:
             self.metrics.voided.inc(voided)
             self._voided_seen = self.scheduler.voided
-        self.decision = applied
-        self._priorities = applied.priorities
-        for move in applied.tier_moves:
+        self.decision = result.decision
+        for move in result.decision.tier_moves:
             if not move.lazy:
                 self.metrics.tier_moves.labels(move.dst.value).inc()
-        for a in applied.assignments:
+        for a in result.decision.assignments:
             self.metrics.assignments.labels(a.reason).inc()
-        self._release()
-        pending = {h.program_id for h in pending_at(self.state.handoffs, self.clock())}
-        for pid in self._handoff_prompts.keys() - pending:  # its consumer never came: expired
+        self._resolve(result.released)
+        for pid in self._handoff_prompts.keys() - self.core._handoff_prompts:  # its consumer never came: expired
             del self._handoff_prompts[pid]
-        if self.cfg.warmups:
-            for warmup in applied.warmups:
-                self._start_warmup(warmup)
-        self.metrics.observe_state(self.state, counts)
-        self.metrics.tick.observe(time.perf_counter() - started)
-        return applied
+        if result.skipped:
+            self.metrics.warmups.labels("skipped").inc(result.skipped)
+        for warmup in result.warmups:
+            self._start_warmup(warmup)
 
     def _start_warmup(self, warmup: Warmup) -> None:
         """A handoff's consumer is warmed with the prompt the handoff said it will send
-        (``expected_prompt``, LOCAL's API); without one there is nothing right to send, since
-        the program's last prompt is the producer's. Other warmups replay the last prompt."""
-        if warmup.kind == "handoff":
-            prompt: str | list[int] | None = self._handoff_prompts.get(warmup.program_id)
-        else:
-            prompt = self._prompts.get(warmup.program_id)
-        if prompt is None or warmup.program_id in self._warming or warmup.worker not in self.backends:
+        (``expected_prompt``, LOCAL's API); other warmups replay the program's last prompt.
+        The core sends only warmups whose prompt is held here (``RuntimeCore._sendable``)."""
+        prompt: Prompt | None = (self._handoff_prompts.get(warmup.program_id) if warmup.kind == "handoff"
+                                 else self._prompts.get(warmup.program_id))
+        if prompt is None or warmup.worker not in self.backends:
             self.metrics.warmups.labels("skipped").inc()
             return
+        self.core.warming(warmup.program_id, True)
         self._warming[warmup.program_id] = asyncio.create_task(self._warm(warmup, prompt))
 
-    async def _warm(self, warmup: Warmup, prompt: str | list[int]) -> None:
+    async def _warm(self, warmup: Warmup, prompt: Prompt) -> None:
         worker = self.state.workers[warmup.worker]
+        backend = self.backends[warmup.worker]
         worker.warmups_in_flight += 1
         outcome = "failed"
         try:
-            await self.backends[warmup.worker].warmup(prompt, priority=self.priority_for(warmup.program_id, warmup.worker))
+            if isinstance(prompt, tuple):  # chat: rendered by the worker's own template
+                messages, tools = prompt
+                prompt = await backend.tokenize(messages, tools=tools)
+            await backend.warmup(prompt, priority=self.priority_for(warmup.program_id, warmup.worker))
             outcome = "done"
             if warmup.kind == "handoff":
                 self._handoff_prompts.pop(warmup.program_id, None)
+                self.core.handoff_warmed(warmup.program_id)
             elif warmup.kind == "load_back" and self.state.programs.get(warmup.program_id) is not None:
                 self.kick()
         except asyncio.CancelledError:
@@ -538,6 +535,7 @@ class Runtime:
             log.info("maitred: warmup of %s on %s failed: %s", warmup.program_id, warmup.worker, exc)
         finally:
             worker.warmups_in_flight -= 1
+            self.core.warming(warmup.program_id, False)
             self.metrics.warmups.labels(outcome).inc()
             if self._warming.get(warmup.program_id) is asyncio.current_task():
                 del self._warming[warmup.program_id]
@@ -564,7 +562,7 @@ class Runtime:
                                                      "signature": p.tool.signature, "started": p.tool.started},
                 "held": pid in self._held,
                 "last_prompt_tokens": last_prompt, "last_cached_tokens": last_cached,
-                "priority": None if p.home_worker is None else self.ratchet.get((pid, p.home_worker)),
+                "priority": None if p.home_worker is None else self.ratchet.get(pid, {}).get(p.home_worker),
                 "cached": {k[0]: {"tokens": r.tokens, "observed_at": r.observed_at} for k, r in p.residency.items()},
                 "gpu_tier": p.tier is Tier.GPU,
             })

@@ -33,7 +33,7 @@ from starlette.responses import Response, StreamingResponse
 from maitred.gateway.guard import HTTPProblem, error_response, parse_json_object, read_body
 from maitred.gateway.loop import NoWorkerAvailable, Runtime
 from maitred.gateway.programid import take_program_id
-from maitred.gateway.usage import PromptSize, SSEUsage, Usage, prompt_size, text_prompt, usage_of
+from maitred.gateway.usage import PromptSize, SSEUsage, Usage, prompt_size, usage_of, warm_prompt
 
 log = logging.getLogger("maitred.service")
 
@@ -129,7 +129,7 @@ class Proxy:
     async def _send(self, call: _Call) -> Response:
         runtime, body = self.runtime, call.body
         model = body.get("model") if isinstance(body.get("model"), str) else None
-        prompt = text_prompt(body)
+        prompt = warm_prompt(body)
         if prompt is not None and not call.anonymous:
             runtime.remember_prompt(call.program_id, prompt)
         size = call.size = prompt_size(body)

@@ -16,7 +16,8 @@ from urllib.parse import urlsplit
 
 from maitred.bind import KEEP_ALIVE_S, check_bindable
 from maitred.flags import bounded, port, positive, seconds
-from maitred.runtime.records import HOLD_TIMEOUT_S, SignalConfig
+from maitred.runtime.admission import HOLD_TIMEOUT_S
+from maitred.runtime.records import SignalConfig
 
 if TYPE_CHECKING:
     from maitred.gateway.app import ServeConfig
@@ -87,10 +88,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-db", action="store_true", help="keep no history (events only update the live state)")
     parser.add_argument("--token", default=None,
                         help="bearer token required on ingest and admin endpoints (default: $MAITRED_TOKEN)")
-    parser.add_argument("--tick", type=seconds, default=1.0, help="scheduler period in seconds (default: 1)")
-    parser.add_argument("--hold-timeout", type=seconds, default=HOLD_TIMEOUT_S,
-                        help="longest a request is held before it is let through anyway (default: "
-                             f"{HOLD_TIMEOUT_S:g} s; keep it under your clients' request timeout)")
+    parser.add_argument("--tick", type=seconds, default=None,
+                        help="scheduler period in seconds (default: the policy's, as its authors run it: 1 s for "
+                             "maitred, tao, cache_aware and round_robin, 5 s for thunderagent and mori)")
+    parser.add_argument("--hold-timeout", type=seconds, default=None,
+                        help="longest a request is held before it is let through anyway (default: the policy's: "
+                             f"{HOLD_TIMEOUT_S:g} s for maitred, ThunderAgent's 1800 s for the baselines; keep it under "
+                             "your clients' request timeout)")
+    parser.add_argument("--journal", action="store_true",
+                        help="keep the scheduler's decisions (admissions, placements, tier moves) for GET /v1/journal")
     parser.add_argument("--busy-margin", type=bounded(0.0, 1.0, open_low=True), default=None,
                         help="maitred: share of GPU KV the expected busy set of admitted programs may fill "
                              f"(default: {SignalConfig().busy_margin:g})")
@@ -139,7 +145,7 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
         raise _Refused(f"{flag}: only the maitred policy sizes its GPU tier by the busy set (--policy {args.policy})")
     runtime = RuntimeConfig(policy=args.policy, tick_s=args.tick, hold_timeout_s=args.hold_timeout,
                             priority=args.priority or bool(args.launch_sglang), warmups=not args.no_warmups,
-                            **sizing)
+                            journal=args.journal, **sizing)
     proxy = ProxyConfig(max_body_bytes=args.max_body_mb, request_timeout_s=args.request_timeout)
     return ServeConfig(workers=list(workers), db_url=db, token=token, runtime=runtime, proxy=proxy,
                        max_events_bytes=args.max_events_mb, wait_for_workers_s=args.wait_for_workers)

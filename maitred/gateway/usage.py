@@ -88,9 +88,14 @@ def prompt_size(body: dict[str, Any]) -> PromptSize | None:
     return None
 
 
-def text_prompt(body: dict[str, Any]) -> str | list[int] | None:
-    """The prompt of a text request, replayable by a prefill-only warmup (chat prompts are not:
-    the chat template is applied inside the worker)."""
+def warm_prompt(body: dict[str, Any]) -> str | list[int] | tuple[list[dict[str, Any]], list[dict[str, Any]] | None] | None:
+    """What a prefill-only warmup can replay of a request: the text or token ids of a text
+    request, or a chat request's messages and tools, which the worker renders with its own chat
+    template (SGLang's ``/v1/tokenize``) when the warmup is sent (``/generate`` takes no messages)."""
+    messages = body.get("messages")
+    if isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages):
+        tools = body.get("tools")
+        return messages, tools if isinstance(tools, list) and all(isinstance(t, dict) for t in tools) else None
     for key in ("input_ids", "prompt", "text"):
         value = body.get(key)
         if isinstance(value, str):

@@ -33,7 +33,7 @@ from maitred.gateway.loop import Runtime, RuntimeConfig
 from maitred.gateway.sglang.launch import write_policy_for
 from maitred.harness.background import BackgroundServer
 from maitred.middleware.emitter import EmitterSettings
-from maitred.runtime.records import HOLD_TIMEOUT_S
+from maitred.runtime.admission import HOLD_TIMEOUT_S
 from maitred.sim.traces import ProgramTrace
 from maitred.sim.traces.synthetic import SyntheticSpec, generate
 from maitred.sim.worker.app import create_app

@@ -54,6 +54,9 @@ class Decision:
     assignments: tuple[Assignment, ...] = ()
     admitted: frozenset[str] = frozenset()   # programs whose requests may run now
     held: frozenset[str] = frozenset()       # programs that want the GPU but must wait
+    #: GPU-tier programs whose next request waits for a step all the same (ThunderAgent's
+    #: marked programs: paused when their running request ends)
+    withheld: frozenset[str] = frozenset()
     warmups: tuple[Warmup, ...] = ()
     priorities: Mapping[str, int] = field(default_factory=dict)  # SGLang request priority (higher = keep)
     dp_fallback: bool | None = None          # placement fell back to BFD (None: no DP this step)

@@ -65,6 +65,7 @@ class ProgramState:
     home_worker: str | None = None
     tier: Tier = Tier.WAITING
     lazy_demote: bool = False
+    lazy_since: float = 0.0              # the start of the step a lazy demotion waits for (ThunderAgent's mark)
     residency: dict[CacheKey, Residency] = field(default_factory=dict)
     # Idleness history: completed (reasoning_s, acting_s) cycles, newest last, plus the open cycle.
     cycles: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=16))
@@ -74,15 +75,6 @@ class ProgramState:
     def weight(self, reserve_tokens: int) -> int:
         """KV demand used for admission: context plus a reserve for the next step's growth."""
         return self.context_tokens + reserve_tokens
-
-
-#: The gateway's bounded wait of a held request before it is let through anyway. A forced
-#: request overfills the GPU and every running program pays in evictions and recompute: on the
-#: replay (synthetic C = 80 ×1, one hour, ``maitred bench replay ... --hold-timeout S``) maitred
-#: makes 266 tok/s with a 5 s bound (mean TTFT 28 s), 374 with 60 s, 799 with 300 s (9.5 s)
-#: and 859 with ThunderAgent's 1,800 s (6.5 s). 300 s stays under the 600 s request timeout of
-#: common clients (the OpenAI SDK's, LiteLLM's), which a longer hold would turn into errors.
-HOLD_TIMEOUT_S = 300.0
 
 
 @dataclass(slots=True)

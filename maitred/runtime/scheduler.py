@@ -70,7 +70,9 @@ class Scheduler:
         self.state.apply_decision(replace(decision, tier_moves=moves, assignments=()))
         now_view = View(now=planned.now, programs=live, workers=self.state.workers, signals={},
                         adapter_versions=self.state.adapter_versions, handoffs=(),
-                        agent_prefix_tokens=self.state.agent_prefix_tokens, cfg=self.state.cfg)
+                        agent_prefix_tokens=self.state.agent_prefix_tokens, cfg=self.state.cfg,
+                        totals=self.state.totals(), tier_tokens=self.state.tier_tokens,
+                        assignments_made=self.state.assignments_made)
         assignments: tuple[Assignment, ...] = ()
         if decision.assignments:
             free = planned_free if planned_free is not None else free_after(decision, planned)

@@ -46,6 +46,7 @@ from maitred.runtime.records import (
     WorkerState,
 )
 from maitred.runtime.signals import Readiness, idleness, predict_end, readiness
+from maitred.runtime.totals import Totals, TotalsKeeper, totals_of
 
 #: A handoff's messages are counted at roughly this many characters per token when no count is given.
 CHARS_PER_TOKEN = 4
@@ -75,6 +76,12 @@ class View:
     handoffs: tuple[PendingHandoff, ...]
     agent_prefix_tokens: Mapping[str, int]
     cfg: SignalConfig
+    #: per-worker sums over ``programs`` (what the arrival rules read instead of every program)
+    totals: Totals
+    #: GPU-tier size per worker as the last step planned it (maitred sizes it beyond the GPU)
+    tier_tokens: Mapping[str, int]
+    #: assignments made so far (round robin's cursor lives in the state, not in the policy)
+    assignments_made: int
 
     def healthy_workers(self) -> list[WorkerState]:
         return [w for w in self.workers.values() if w.healthy]
@@ -126,6 +133,8 @@ class Snapshot:
     agent_prefix_tokens: Mapping[str, int]
     cfg: SignalConfig
     use_signature: bool
+    tier_tokens: Mapping[str, int]
+    assignments_made: int
 
     def view(self, now: float) -> View:
         return View(
@@ -133,6 +142,8 @@ class Snapshot:
             signals=compute_signals(self.programs, self.history, now, self.cfg, self.use_signature),
             adapter_versions=self.adapter_versions, handoffs=pending_at(self.handoffs, now),
             agent_prefix_tokens=self.agent_prefix_tokens, cfg=self.cfg,
+            totals=totals_of(self.programs, self.cfg.reserve_tokens), tier_tokens=self.tier_tokens,
+            assignments_made=self.assignments_made,
         )
 
 
@@ -162,22 +173,28 @@ def _copy_history(h: ToolHistory) -> ToolHistory:
 
 class _Programs(dict[str, ProgramState]):
     """The live program table; remembers which ids were added or removed since the last
-    snapshot, also when a caller (a test) fills it directly."""
+    snapshot (``dirty``) and since the totals were last read (``changed``), also when a caller
+    (a test) fills it directly."""
 
     def __init__(self) -> None:
         super().__init__()
         self.dirty: set[str] = set()
+        self.changed: set[str] = set()
+
+    def mark(self, key: str) -> None:
+        self.dirty.add(key)
+        self.changed.add(key)
 
     def __setitem__(self, key: str, value: ProgramState) -> None:
-        self.dirty.add(key)
+        self.mark(key)
         super().__setitem__(key, value)
 
     def __delitem__(self, key: str) -> None:
-        self.dirty.add(key)
+        self.mark(key)
         super().__delitem__(key)
 
     def pop(self, key: str, *default: Any) -> Any:
-        self.dirty.add(key)
+        self.mark(key)
         return super().pop(key, *default)
 
 
@@ -195,6 +212,9 @@ class RuntimeState:
         #: set, beyond the GPU); admission at once holds to it. Default: the worker's GPU.
         self.tier_tokens: dict[str, int] = {}
         self.agent_prefix_tokens: dict[str, int] = {}
+        self.assignments_made = 0
+        self._totals = TotalsKeeper(self.cfg.reserve_tokens)
+        self._totals.changed = self.programs.changed
         self._copies: dict[str, ProgramState] = {}
         self._history_copy: ToolHistory | None = None
         self._late_tools: OrderedDict[tuple[str, str], OpenTool] = OrderedDict()
@@ -202,8 +222,18 @@ class RuntimeState:
         self._early_ends: OrderedDict[tuple[str, str], ToolEnd] = OrderedDict()
 
     def touch(self, program_id: str) -> None:
-        """Mark a program changed, so the next snapshot copies it again."""
-        self.programs.dirty.add(program_id)
+        """Mark a program changed, so the next snapshot copies it again and the totals recount it."""
+        self.programs.mark(program_id)
+
+    def totals(self) -> Totals:
+        """The per-worker sums, brought up to date from the programs changed since the last read."""
+        return self._totals.read(self.programs)
+
+    def discard(self, program_id: str) -> None:
+        """Forget a program the gateway created for a request it then refused: nothing of it
+        stays behind (unlike ``program.end``, later events may bring it back)."""
+        self.programs.pop(program_id, None)
+        self.handoffs = [h for h in self.handoffs if h.program_id != program_id]
 
     # -- workers ------------------------------------------------------------------------------
 
@@ -439,34 +469,9 @@ class RuntimeState:
         return p
 
     def gpu_used(self) -> dict[str, int]:
-        """GPU-tier tokens (with the admission reserve) planned on each worker."""
-        used = dict.fromkeys(self.workers, 0)
-        reserve = self.cfg.reserve_tokens
-        for p in self.programs.values():
-            if p.tier is Tier.GPU and p.home_worker in used:
-                used[p.home_worker] += p.weight(reserve)
-        return used
-
-    def admit_now(self, program_id: str) -> str | None:
-        """The worker a request of ``program_id`` may go to right now, or None (hold it).
-
-        A program in the GPU tier of a healthy home goes at once; one whose KV is in host memory
-        or dropped goes back to the GPU of its home at once when it fits there (no wait for the
-        next step: holding costs time to first token at low load). A program without a usable
-        home waits for the next step, which places it."""
-        p = self.programs.get(program_id)
-        if p is None or p.home_worker is None:
-            return None
-        worker = self.workers.get(p.home_worker)
-        if worker is None or not worker.healthy:
-            return None
-        if p.tier is not Tier.GPU:
-            tier = self.tier_tokens.get(worker.worker_id, worker.gpu_tokens)
-            if p.weight(self.cfg.reserve_tokens) > tier - self.gpu_used()[worker.worker_id]:
-                return None
-            p.tier, p.lazy_demote = Tier.GPU, False
-            self.touch(program_id)
-        return worker.worker_id
+        """GPU-tier tokens (with the admission reserve) on each worker, from the totals."""
+        totals = self.totals()
+        return {w: totals.worker(w).gpu_weight for w in self.workers}
 
     def force_admit(self, program_id: str, worker_id: str) -> None:
         """The gateway let a held request through after its bounded wait (no request waits
@@ -487,13 +492,15 @@ class RuntimeState:
                 continue
             self.touch(move.program_id)
             if move.lazy:
-                p.lazy_demote = True
+                if not p.lazy_demote:
+                    p.lazy_demote, p.lazy_since = True, p.phase_since
             else:
                 p.tier, p.lazy_demote = move.dst, False
         for a in decision.assignments:
             p = self.programs.get(a.program_id)
             if p is not None:
                 p.home_worker, p.tier, p.lazy_demote = a.worker, Tier.GPU, False
+                self.assignments_made += 1
                 self.touch(a.program_id)
 
     # -- snapshot -----------------------------------------------------------------------------
@@ -513,7 +520,8 @@ class RuntimeState:
         return View(
             now=now, programs=self.programs, workers=self.workers, signals=signals,
             adapter_versions=self.adapter_versions, handoffs=pending_at(self.handoffs, now),
-            agent_prefix_tokens=self.agent_prefix_tokens, cfg=self.cfg,
+            agent_prefix_tokens=self.agent_prefix_tokens, cfg=self.cfg, totals=self.totals(),
+            tier_tokens=self.tier_tokens, assignments_made=self.assignments_made,
         )
 
     def snapshot(self) -> Snapshot:
@@ -532,7 +540,8 @@ class RuntimeState:
             programs=MappingProxyType(dict(self._copies)), workers=MappingProxyType({k: replace(w) for k, w in self.workers.items()}),
             history=self._history_copy, adapter_versions=MappingProxyType(dict(self.adapter_versions)),
             handoffs=tuple(self.handoffs), agent_prefix_tokens=MappingProxyType(dict(self.agent_prefix_tokens)),
-            cfg=self.cfg, use_signature=self.use_signature,
+            cfg=self.cfg, use_signature=self.use_signature, tier_tokens=MappingProxyType(dict(self.tier_tokens)),
+            assignments_made=self.assignments_made,
         )
 
 

@@ -1,30 +1,22 @@
 """Closed-loop replay: C program slots replay a trace against simulated workers under one policy.
 
 Each slot runs programs back to back (the trace's programs in a seeded order, cycling) for the
-simulated duration. A program's model calls go through the same ``RuntimeState`` and
-``Scheduler`` the live runtime uses — the events are the same events — and the decisions are
-applied to the engine model: routing, admission (held requests wait for the next step, and are
-forced through after the policy's hold bound, like ThunderAgent's force-resume), tier moves,
+simulated duration. A program's model calls go through the same ``RuntimeCore`` the gateway
+drives (``maitred/runtime/core.py``: admission at arrival, holding and forced admission, the
+plan re-check, priorities under SGLang's ratchet, which warmups can be sent) — the events are
+the same events — and its decisions are applied to the engine model: routing, tier moves,
 eviction priorities and warmups. Tool calls take their traced durations; model calls take what
 the engine model says. Deterministic for a seed.
 
-Each policy runs at its own cadence and hold bound (``SimPolicy``), as published:
+Each policy runs at its own cadence and hold bound (``Policy.cadence``, each with its source),
+in the gateway as here: ThunderAgent and MORI step every 5 s and let a held request through
+after 1,800 s; TAO every 1 s; maitred every 1 s and 50 ms after a request is held or a handoff
+arrives, with the gateway's 300 s hold (``maitred.runtime.admission.HOLD_TIMEOUT_S``). A new
+program's first request is admitted by the policy's own arrival rule where it has one.
 
-- ThunderAgent (ThunderAgent-org/ThunderAgent ``ThunderAgent/config.py``: ``scheduler_interval``
-  5.0 s; ``ThunderAgent/scheduler/router.py``: ``_wait_for_resume(timeout=1800.0)``): a step every
-  5 s, a held request forced in after 1,800 s; a new program is assigned when its first request
-  arrives if nothing is paused (``admit_at_arrival``), else it waits for a resume.
-- MORI (arXiv 2026, "How MORI Works": built on ThunderAgent's scheduler, "the scheduler runs
-  asynchronously with a default 5-second period"): 5 s, 1,800 s, ThunderAgent's arrival rule.
-- SGLang's router (round_robin, cache_aware) routes each request as it arrives: a step at once.
-- TAO is our own composition (no published cadence): 1 s, ThunderAgent's 1,800 s bound.
-- maitred: 1 s, and a step 50 ms after a held request arrives (the gateway admits a request
-  that fits at once), held requests let through after 1,800 s (measured: at 60 s the forced
-  requests overfill the GPU, 443 against 796 tok/s at synthetic C=80 ×1, 1,200 s; the gateway's own
-  default, 5 s, is set in maitred/gateway/loop.py). A new program's first request is
-  placed when it arrives if it fits and jumps no queue (``Maitred.admit_at_arrival``). A 5 s
-  period measured the same on the H100 profile but lost a third of the throughput on the 70B
-  one (SWE-agent C=80 ×1, 1,200 s: 427 against 662 tok/s).
+The replay holds every prompt it replays, so a warmup the core admits is always sendable: a
+handoff's consumer is warmed as if the producer declared its prompt (``expected_prompt``,
+LOCAL's API), which the gateway requires live.
 """
 
 import heapq
@@ -36,11 +28,12 @@ from typing import Any, cast
 
 import numpy as np
 
-from maitred.events import Handoff, LLMEnd, ProgramEnd, ProgramResume, ProgramStart, ProgramWait, ToolEnd, ToolProgress, ToolStart
-from maitred.runtime import RuntimeState, Scheduler, SignalConfig, Tier, WorkerState
-from maitred.runtime.decisions import Decision
+from maitred.events import Handoff, LLMEnd, ProgramResume, ProgramStart, ProgramWait, ToolEnd, ToolProgress, ToolStart
+from maitred.runtime import RuntimeState, SignalConfig, Tier, WorkerState
+from maitred.runtime.admission import Cadence
+from maitred.runtime.core import CoreConfig, RuntimeCore, StepResult
 from maitred.runtime.hicache import write_back_for
-from maitred.runtime.policies import Maitred, Policy
+from maitred.runtime.policies import Maitred, Policy, make_policy
 from maitred.runtime.policies.clairvoyant import Clairvoyant
 from maitred.sim.engine import Request, Worker
 from maitred.sim.profile import EngineProfile
@@ -66,33 +59,25 @@ class SimPolicy:
     labels: bool = False         # MORI's engine patch: tier labels on the cache (may go down; host
                                  # copies of GPU-tier programs are dropped first); else priorities
                                  # ride on requests and ratchet (stock SGLang)
-    period_s: float = 1.0        # scheduling period
-    hold_s: float = 1800.0       # a held request is forced in after this long
-    urgent_s: float | None = None  # a step this soon after a held request arrives (None: none)
-    handoff_step: bool = False     # also a step ``urgent_s`` after a handoff (maitred's gateway steps on every event)
-    arrival_admission: bool = False  # the policy's ``admit_at_arrival`` runs when a request arrives
     preprefill: bool = True      # maitred's warmups (off: the same policy without pre-prefill, to measure them)
 
     def __post_init__(self) -> None:
         if not self.preprefill and self.runtime != "maitred":
             raise ValueError(f"preprefill: only the maitred runtime policy has warmups to turn off, not {self.runtime!r}")
 
+    def policy(self) -> Policy:
+        return Maitred(preprefill=False) if not self.preprefill else make_policy(self.runtime)
 
-TA_PERIOD_S, TA_HOLD_S = 5.0, 1800.0
-MAITRED_PERIOD_S, MAITRED_HOLD_S, MAITRED_URGENT_S = 1.0, 1800.0, 0.05
-CLAIRVOYANT_PERIOD_S = 1.0
-MAITRED_SIM = SimPolicy("maitred", offload=True, write_back=True, typed=True, tiering=True, period_s=MAITRED_PERIOD_S,
-                        hold_s=MAITRED_HOLD_S, urgent_s=MAITRED_URGENT_S, arrival_admission=True, handoff_step=True)
+
+MAITRED_SIM = SimPolicy("maitred", offload=True, write_back=True, typed=True, tiering=True)
 
 SIM_POLICIES: dict[str, SimPolicy] = {
-    "round_robin": SimPolicy("round_robin", urgent_s=0.0),
-    "cache_aware": SimPolicy("cache_aware", urgent_s=0.0),
-    "thunderagent": SimPolicy("thunderagent", period_s=TA_PERIOD_S, hold_s=TA_HOLD_S, arrival_admission=True),
-    "thunderagent_offload": SimPolicy("thunderagent", offload=True, period_s=TA_PERIOD_S, hold_s=TA_HOLD_S,
-                                      arrival_admission=True),
-    "tao": SimPolicy("tao", hold_s=TA_HOLD_S),
-    "mori": SimPolicy("mori", offload=True, typed=True, tiering=True, labels=True, period_s=TA_PERIOD_S,
-                      hold_s=TA_HOLD_S, arrival_admission=True),
+    "round_robin": SimPolicy("round_robin"),
+    "cache_aware": SimPolicy("cache_aware"),
+    "thunderagent": SimPolicy("thunderagent"),
+    "thunderagent_offload": SimPolicy("thunderagent", offload=True),
+    "tao": SimPolicy("tao"),
+    "mori": SimPolicy("mori", offload=True, typed=True, tiering=True, labels=True),
     "maitred": MAITRED_SIM,
     # maitred with its warmups off: what pre-prefill is worth, measured against ``maitred``
     "maitred_no_preprefill": replace(MAITRED_SIM, preprefill=False),
@@ -101,8 +86,7 @@ SIM_POLICIES: dict[str, SimPolicy] = {
     "oracle": replace(MAITRED_SIM, oracle=True),
     # the reference every policy is read against: told each program's next request time, on
     # the workers maitred runs (write-back below 2× host: more room for it too)
-    "clairvoyant": SimPolicy("clairvoyant", offload=True, write_back=True, typed=True, tiering=True, labels=True,
-                             period_s=CLAIRVOYANT_PERIOD_S, hold_s=TA_HOLD_S, urgent_s=MAITRED_URGENT_S),
+    "clairvoyant": SimPolicy("clairvoyant", offload=True, write_back=True, typed=True, tiering=True, labels=True),
 }
 
 #: maitred with one of its parts turned off, asked for by name (e.g. on the handoff workload)
@@ -123,9 +107,14 @@ class RunConfig:
     period_s: float | None = None        # None: the policy's own
     hold_timeout_s: float | None = None  # None: the policy's own
     stagger_s: float = 30.0         # slots start spread over this window
+    #: each slot runs one program, in trace order, the slots ``start_gap_s`` apart, and the run
+    #: ends when all have (a parity run against the live gateway); else they cycle, staggered at random
+    once: bool = False
+    start_gap_s: float = 0.0
     use_signature: bool = True      # readiness history per tool signature (else per tool; SPEC 7.2)
     busy_margin: float | None = None          # maitred's tier sizing (None: SignalConfig's default)
     overcommit_headroom: float | None = None
+    journal: bool = False           # keep the core's decisions (``Replay.core.journal``)
 
     def __post_init__(self) -> None:
         if self.policy not in SIM_POLICIES:
@@ -134,12 +123,24 @@ class RunConfig:
             raise ValueError("concurrency and workers must be at least 1")
         if self.cpu_ratio < 0 or self.duration_s <= 0 or (self.period_s is not None and self.period_s <= 0):
             raise ValueError("cpu_ratio must be >= 0; duration_s and period_s positive")
-        if self.hold_timeout_s is not None and self.hold_timeout_s < 0:
-            raise ValueError("hold_timeout_s must be >= 0")
+        if self.hold_timeout_s is not None and self.hold_timeout_s <= 0:
+            raise ValueError("hold_timeout_s must be positive")
+
+    @property
+    def cadence(self) -> Cadence:
+        """The policy's cadence with this run's overrides (``RuntimeCore`` resolves it the same way)."""
+        runtime = SIM_POLICIES[self.policy].runtime
+        published = Clairvoyant.cadence if runtime == "clairvoyant" else make_policy(runtime).cadence
+        return self.core_config().cadence(published)
+
+    def core_config(self) -> CoreConfig:
+        sim = SIM_POLICIES[self.policy]
+        return CoreConfig(period_s=self.period_s, hold_s=self.hold_timeout_s, priorities=sim.typed and not sim.labels,
+                          journal=self.journal)
 
     @property
     def period(self) -> float:
-        return self.period_s if self.period_s is not None else SIM_POLICIES[self.policy].period_s
+        return self.cadence.period_s
 
     @property
     def sizing(self) -> dict[str, Any]:
@@ -149,7 +150,7 @@ class RunConfig:
 
     @property
     def hold(self) -> float:
-        return self.hold_timeout_s if self.hold_timeout_s is not None else SIM_POLICIES[self.policy].hold_s
+        return self.cadence.hold_s
 
 
 @dataclass
@@ -221,21 +222,22 @@ class Replay:
             replace(SignalConfig(period_s=cfg.period), **cfg.sizing), use_signature=cfg.use_signature,
         )
         self.clairvoyant = Clairvoyant() if self.sim.runtime == "clairvoyant" else None
-        policy: Policy | str = self.clairvoyant or self.sim.runtime
-        if not self.sim.preprefill:
-            policy = Maitred(preprefill=False)
-        self.scheduler = Scheduler(self.state, policy)
+        policy: Policy = self.clairvoyant or self.sim.policy()
+        self.core = RuntimeCore(self.state, policy, cfg.core_config(), started_at=0.0)
+        self.scheduler = self.core.scheduler
         self.heap: list[tuple[float, int, str, object]] = []
         self.seq = itertools.count()
         self.versions = dict.fromkeys(self.workers, 0)
         self.running: dict[str, _Running] = {}
         self.held: dict[str, Request] = {}
-        self.admitted: frozenset[str] = frozenset()
         self.order = list(range(len(self.trace.programs)))
-        self.rng.shuffle(self.order)
+        if not cfg.once:
+            self.rng.shuffle(self.order)
+        self.finished_at = 0.0
         self.next_program = 0
         self.instances = itertools.count()
         self.ttft: list[float] = []
+        self.ttft_by_program: dict[str, list[float]] = {}
         self.handoff_ttft: list[float] = []
         # a handed-off program until its consumer's first request: None, then that request
         self.consumers: dict[str, Request | None] = {}
@@ -244,7 +246,6 @@ class Replay:
         self.requests = 0
         self.tier_moves = 0
         self.urgent_tick_at: float | None = None
-        self.priorities: dict[str, int] = {}
 
     # -- event queue ----------------------------------------------------------------------------
 
@@ -259,12 +260,12 @@ class Replay:
 
     def run(self) -> RunResult:
         for slot in range(self.cfg.concurrency):
-            self._start_program(slot, self.rng.uniform(0, self.cfg.stagger_s))
+            self._start_program(slot, slot * self.cfg.start_gap_s if self.cfg.once else self.rng.uniform(0, self.cfg.stagger_s))
         self._push(0.0, "tick", None)
         end = self.cfg.duration_s
         while self.heap:
             t, _, kind, data = heapq.heappop(self.heap)
-            if t > end:
+            if t > end or (self.cfg.once and not self.running):
                 break
             if kind == "engine":
                 wid, version = cast(tuple[str, int], data)
@@ -286,67 +287,74 @@ class Replay:
         self.next_program += 1
         pid = f"{trace.program_id}#{next(self.instances)}"
         run = self.running[pid] = _Running(pid, trace, slot, t)
-        self.state.apply(ProgramStart(ts=max(t, 1e-6), program_id=pid, agent=trace.steps[0].agent))
-        self._push(t, "arrival", run)
+        self._push(t, "start", run)
+
+    def _on_start(self, t: float, run: _Running) -> None:
+        """The program begins at its own time (a slot staggered 20 s in does not exist before)."""
+        self.core.observe(ProgramStart(ts=max(t, 1e-6), program_id=run.pid, agent=run.trace.steps[0].agent))
+        self._on_arrival(t, run)
 
     def _on_arrival(self, t: float, run: _Running) -> None:
         step = run.trace.steps[run.step]
         ts = max(t, 1e-6)
-        self.state.request_arrived(run.pid, ts, agent=step.agent, prompt_tokens=step.input_tokens)
         req = Request(run.pid, step.agent, step.input_tokens, step.output_tokens, t,
                       prefix=self.trace.prefix_tokens.get(step.agent, 0))
         self.requests += 1
         if run.pid in self.consumers:
             self.consumers[run.pid] = req
-        p = self.state.programs[run.pid]
-        if run.pid in self.admitted and p.home_worker is not None:
-            self._submit(p.home_worker, req, t)
-            return
-        if self.sim.arrival_admission and p.home_worker is None and self._admit_at_arrival(run.pid, t):
-            self._submit(cast(str, self.state.programs[run.pid].home_worker), req, t)
+        self._observe_workers(t)
+        worker = self.core.arrive(run.pid, ts, agent=step.agent, prompt_tokens=step.input_tokens).worker
+        self.core.prompt_seen(run.pid)
+        if worker is not None:
+            self._submit(worker, req, t)
             return
         self.held[run.pid] = req
+        self._push(max(self.core.hold_deadline(run.pid), t), "hold_expired", req)
         self._urgent_step(t)
 
     def _urgent_step(self, t: float) -> None:
-        """A step soon after something the policy acts on before its next period: a held request
-        (the gateway admits one that fits at once), or a handoff, whose consumer asks as soon as
-        the producer's tools end (1.7 s on average in the synthetic trace, half of them under 1 s)."""
-        if self.sim.urgent_s is not None and self.urgent_tick_at is None:
-            self.urgent_tick_at = t + self.sim.urgent_s
+        """A step ``urgent_s`` after a request is held or a handoff arrives, for policies that
+        have one (the gateway asks for the same): a handoff's consumer asks as soon as the
+        producer's tools end (1.7 s on average in the synthetic trace, half of them under 1 s)."""
+        urgent = self.core.cadence.urgent_s
+        if urgent is not None and self.urgent_tick_at is None:
+            self.urgent_tick_at = t + urgent
             self._push(self.urgent_tick_at, "urgent", None)
 
-    def _admit_at_arrival(self, pid: str, t: float) -> bool:
-        """The policy's own rule for a new program's first request (ThunderAgent assigns it at
-        once when nothing is paused); the assignment is recorded as a decision."""
+    def _on_hold_expired(self, t: float, req: Request) -> None:
+        """The held request's bounded wait is over: the core lets it through (``RuntimeCore.force``)."""
+        if self.held.get(req.program_id) is not req:
+            return
+        del self.held[req.program_id]
         self._observe_workers(t)
-        view = self.state.view(t)
-        decision = self.scheduler.policy.admit_at_arrival(view, pid)  # type: ignore[attr-defined]
-        if decision is None:
-            return False
-        self.state.apply_decision(decision)
-        self.admitted = self.admitted | {pid}
-        return True
+        worker = self.core.force(req.program_id, t)
+        assert worker is not None, "the simulated workers never fail"
+        self._submit(worker, req, t)
 
     def _submit(self, wid: str, req: Request, t: float) -> None:
         worker = self.workers[wid]
         worker.cancel_warmup(req.program_id)
-        if self.sim.typed and not self.sim.labels and req.program_id in self.priorities:
-            req.priority = self.priorities[req.program_id]
+        self.core.warming(req.program_id, False)
+        priority = self.core.priority_for(req.program_id, wid, t)
+        if priority is not None:
+            req.priority = priority
         self._finished(wid, worker.submit(req, t), t)
 
     def _finished(self, wid: str, done: list[Request], t: float) -> None:
         for req in done:
             if req.background is not None:
+                self.core.warming(req.program_id, False)
                 continue
             assert req.first_token_at is not None and req.done_at is not None, "the engine returns finished requests"
             self.ttft.append(req.first_token_at - req.arrival)
+            if self.cfg.once:
+                self.ttft_by_program.setdefault(req.program_id, []).append(req.first_token_at - req.arrival)
             if req.program_id in self.consumers and self.consumers[req.program_id] is req:
                 del self.consumers[req.program_id]
                 self.handoff_ttft.append(req.first_token_at - req.arrival)
             self.output_tokens += req.output
             run = self.running[req.program_id]
-            self.state.apply(LLMEnd(ts=max(req.done_at, 1e-6), program_id=run.pid, request_id=f"r{run.step}",
+            self.core.observe(LLMEnd(ts=max(req.done_at, 1e-6), program_id=run.pid, request_id=f"r{run.step}",
                                     prompt_tokens=req.context, completion_tokens=req.output,
                                     cached_tokens=req.hit_tokens, worker=wid))
             self._after_step(run, req.done_at)
@@ -359,12 +367,12 @@ class Replay:
         if run.step + 1 < len(steps) and steps[run.step + 1].agent != steps[run.step].agent:
             nxt, previous = steps[run.step + 1], steps[run.step].agent
             context = nxt.handoff_tokens or nxt.input_tokens
-            self.state.apply(Handoff(ts=max(t, 1e-6), program_id=run.pid, agent=previous, from_agent=previous,
-                                     to_agent=nxt.agent,
-                                     context_tokens=max(context - self.trace.prefix_tokens.get(nxt.agent, 0), 0)))
+            self.core.observe(Handoff(ts=max(t, 1e-6), program_id=run.pid, agent=previous, from_agent=previous,
+                                      to_agent=nxt.agent,
+                                      context_tokens=max(context - self.trace.prefix_tokens.get(nxt.agent, 0), 0)))
+            self.core.handoff_prompt_seen(run.pid)
             self.consumers[run.pid] = None
-            if self.sim.handoff_step:
-                self._urgent_step(t)
+            self._urgent_step(t)
         if self.clairvoyant is not None:
             step = steps[run.step]
             if run.step + 1 < len(steps):
@@ -381,28 +389,28 @@ class Replay:
             tool = step.tools[run.tool]
             run.call_seq += 1
             call_id = f"c{run.call_seq}"
-            self.state.apply(ToolStart(ts=ts, program_id=run.pid, call_id=call_id, tool=tool.name,
+            self.core.observe(ToolStart(ts=ts, program_id=run.pid, call_id=call_id, tool=tool.name,
                                        signature=tool.signature, deadline_s=tool.deadline_s))
             if self.sim.oracle:
-                self.state.apply(ToolProgress(ts=ts, program_id=run.pid, call_id=call_id, fraction=0.0, eta_s=tool.duration_s))
+                self.core.observe(ToolProgress(ts=ts, program_id=run.pid, call_id=call_id, fraction=0.0, eta_s=tool.duration_s))
             self._push(t + tool.duration_s, "tool_end", (run, call_id))
             return
         if step.human_wait_s > 0 and run.tool == len(step.tools):
             run.tool += 1
-            self.state.apply(ProgramWait(ts=ts, program_id=run.pid))
+            self.core.observe(ProgramWait(ts=ts, program_id=run.pid))
             self._push(t + step.human_wait_s, "resume", run)
             return
         self._next_step(run, t)
 
     def _on_tool_end(self, t: float, data: tuple[_Running, str]) -> None:
         run, call_id = data
-        self.state.apply(ToolEnd(ts=max(t, 1e-6), program_id=run.pid, call_id=call_id,
+        self.core.observe(ToolEnd(ts=max(t, 1e-6), program_id=run.pid, call_id=call_id,
                                  duration_s=run.trace.steps[run.step].tools[run.tool].duration_s))
         run.tool += 1
         self._next_tool(run, t)
 
     def _on_resume(self, t: float, run: _Running) -> None:
-        self.state.apply(ProgramResume(ts=max(t, 1e-6), program_id=run.pid))
+        self.core.observe(ProgramResume(ts=max(t, 1e-6), program_id=run.pid))
         self._next_step(run, t)
 
     def _next_step(self, run: _Running, t: float) -> None:
@@ -411,14 +419,15 @@ class Replay:
             self._on_arrival(t, run)
             return
         self.latency.append(t - run.started)
-        self.state.apply(ProgramEnd(ts=max(t, 1e-6), program_id=run.pid))
+        self.core.end(run.pid, max(t, 1e-6))
         for wid, worker in self.workers.items():
             worker.remove(run.pid)
             self._reschedule(wid)
-        self.priorities.pop(run.pid, None)
         self.consumers.pop(run.pid, None)
         del self.running[run.pid]
-        self._start_program(run.slot, t)
+        self.finished_at = t
+        if not self.cfg.once:
+            self._start_program(run.slot, t)
 
     # -- scheduling -----------------------------------------------------------------------------
 
@@ -430,16 +439,16 @@ class Replay:
 
     def _tick(self, t: float, *, periodic: bool) -> None:
         self._observe_workers(t)
-        decision = self.scheduler.tick(t)
-        self._apply(decision, t)
+        self._apply(self.core.step(t), t)
         if periodic:
-            self._push(t + self.cfg.period, "tick", None)
+            self._push(t + self.core.cadence.period_s, "tick", None)
 
-    def _apply(self, decision: Decision, t: float) -> None:
-        self.admitted = decision.admitted
+    def _apply(self, result: StepResult, t: float) -> None:
+        """The step's decisions on the engine. Demotions and pauses are not commands to the
+        engine (SGLang has none): they change the priorities, and the engine evicts accordingly
+        when it needs room."""
+        decision = result.decision
         touched: set[str] = set()
-        # Demotions and pauses are not commands to the engine (SGLang has none): they change the
-        # priorities below, and the engine evicts accordingly when it needs room.
         for move in decision.tier_moves:
             if move.lazy:
                 continue
@@ -451,32 +460,21 @@ class Replay:
             ranks = {pid: HOST_RANK[p.tier] for pid, p in self.state.programs.items()}
             for worker in self.workers.values():
                 worker.relabel(dict(decision.priorities), ranks)
-        elif self.sim.typed:  # stock SGLang: the priority rides on the program's next request
-            self.priorities = dict(decision.priorities)
-        for warm in decision.warmups:
+        for warm in result.warmups:
             worker = self.workers[warm.worker]
             touched.add(warm.worker)
             if warm.kind == "load_back":
                 worker.promote(warm.program_id, t)
             else:
+                self.core.warming(warm.program_id, True)
                 worker.warm(warm.program_id, warm.agent or "agent", warm.tokens,
                             self.trace.prefix_tokens.get(warm.agent or "", 0), t)
-        for pid, req in list(self.held.items()):
-            p = self.state.programs.get(pid)
-            home = p.home_worker if p is not None else None
-            if pid in self.admitted and home is not None:
-                del self.held[pid]
-                self._submit(home, req, t)
-            elif t - req.arrival >= self.cfg.hold:
-                del self.held[pid]
-                target = home or self._least_loaded()
-                self.state.force_admit(pid, target)
-                self._submit(target, req, t)
+        for pid, wid in result.released.items():
+            req = self.held.pop(pid, None)
+            if req is not None:
+                self._submit(wid, req, t)
         for wid in touched:
             self._reschedule(wid)
-
-    def _least_loaded(self) -> str:
-        return min(sorted(self.workers), key=lambda w: self.workers[w].gpu_used)
 
     # -- results --------------------------------------------------------------------------------
 

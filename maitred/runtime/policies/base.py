@@ -1,13 +1,18 @@
-"""What every policy is: a name and ``step(view) -> Decision`` (plus shared finishing touches).
+"""What every policy is: a name, a cadence, ``step(view) -> Decision`` and an arrival rule
+(plus shared finishing touches).
 
-Policies may keep small memory of their own between steps (a round-robin cursor) but never
-mutate the view; everything they decide is in the returned ``Decision``.
+Policies keep no memory between steps: what they remember (a round-robin cursor, ThunderAgent's
+marks) lives in the state they are given, so the gateway and the replay, which hand them the
+same state, get the same decisions. They never mutate the view; everything they decide is in
+the returned ``Decision``.
 """
 
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
+from maitred.runtime.admission import Cadence
 from maitred.runtime.decisions import Assignment, Decision, TierMove, Warmup
+from maitred.runtime.placement import signature
 from maitred.runtime.records import Phase, ProgramState, Tier
 from maitred.runtime.state import View
 
@@ -17,8 +22,32 @@ if TYPE_CHECKING:
 
 class Policy(Protocol):
     name: str
+    cadence: Cadence
 
     def step(self, view: View) -> Decision: ...
+
+    def admit_at_arrival(self, view: View, program_id: str) -> Decision | None:
+        """A request of ``program_id`` just arrived and its program is not in a GPU tier (or has
+        no healthy home): the decision that lets it run now, or None (it waits for a step).
+        Runs on the gateway's event loop for every such request, so it reads only the arriving
+        program and ``view.totals`` — never every program."""
+        ...
+
+
+def healthy_free(view: View, *, tier_tokens: bool) -> dict[str, int]:
+    """GPU-tier tokens free on each healthy worker, from the totals: the worker's GPU (or, with
+    ``tier_tokens``, the GPU tier the last step planned) less its GPU-tier programs' weight."""
+    out = {}
+    for w in view.healthy_workers():
+        size = view.tier_tokens.get(w.worker_id, w.gpu_tokens) if tier_tokens else w.gpu_tokens
+        out[w.worker_id] = size - view.totals.worker(w.worker_id).gpu_weight
+    return out
+
+
+def assign_now(name: str, p: ProgramState, worker: str, reason: str = "new") -> Decision:
+    """The arrival decision that places ``p`` on ``worker`` and lets its request run."""
+    return Decision(name, assignments=(Assignment(p.program_id, worker, reason, signature(p)),),
+                    admitted=frozenset({p.program_id}))
 
 
 def pause_until_fits(

@@ -7,18 +7,22 @@ use. Like the router's ``balance_abs_threshold`` / ``balance_rel_threshold`` gua
 busiest worker holds more than ``balance_abs`` programs above the least busy one and more than
 ``balance_rel`` times as many, the match is ignored and the least loaded worker is taken (the
 router counts requests; a program is this policy's unit). Nothing is held, demoted or prefetched.
+The router routes each request as it arrives, so a new program is placed by its first request
+(``admit_at_arrival``, the same choice from the state's per-worker totals).
 """
 
 from collections import Counter
 
+from maitred.runtime.admission import Cadence
 from maitred.runtime.decisions import Assignment, Decision
 from maitred.runtime.placement import signature
-from maitred.runtime.policies.base import finish
+from maitred.runtime.policies.base import assign_now, finish
 from maitred.runtime.state import View
 
 
 class CacheAware:
     name = "cache_aware"
+    cadence = Cadence(period_s=1.0, hold_s=1800.0)
 
     def __init__(self, match_threshold: float = 0.5, balance_abs: int = 8, balance_rel: float = 1.5) -> None:
         self.match_threshold = match_threshold
@@ -41,17 +45,32 @@ class CacheAware:
         for p in view.programs.values():
             if p.home_worker in healthy:
                 continue
-            peers = agents.get(p.agent or "", Counter())
-            best, hits = peers.most_common(1)[0] if peers else (None, 0)
-            share = hits / max(sum(peers.values()), 1)
-            busiest, idlest = max(count.values()), min(count.values())
-            balanced = busiest - idlest <= self.balance_abs or busiest <= self.balance_rel * idlest
-            if best is not None and share >= self.match_threshold and balanced:
-                worker = best
-            else:
-                worker = min(sorted(load), key=load.__getitem__)
+            worker = self._choose(agents.get(p.agent or "", Counter()), load, count)
             load[worker] += p.context_tokens
             count[worker] += 1
             agents.setdefault(p.agent or "", Counter())[worker] += 1
             assignments.append(Assignment(p.program_id, worker, "new", signature(p)))
         return finish(self.name, view, assignments=assignments, admit_all=True)
+
+    def _choose(self, peers: Counter[str], load: dict[str, int], count: dict[str, int]) -> str:
+        """The worker with the agent's prefix when the match is good and the load balanced, else
+        the one with the fewest tokens in use."""
+        best, hits = peers.most_common(1)[0] if peers else (None, 0)
+        share = hits / max(sum(peers.values()), 1)
+        busiest, idlest = max(count.values()), min(count.values())
+        balanced = busiest - idlest <= self.balance_abs or busiest <= self.balance_rel * idlest
+        if best is not None and share >= self.match_threshold and balanced:
+            return best
+        return min(sorted(load), key=load.__getitem__)
+
+    def admit_at_arrival(self, view: View, program_id: str) -> Decision | None:
+        healthy = sorted(w.worker_id for w in view.healthy_workers())
+        if not healthy:
+            return None
+        p = view.programs[program_id]
+        totals = view.totals
+        load = {w: totals.worker(w).homed_context for w in healthy}
+        count = {w: totals.worker(w).homed_programs for w in healthy}
+        agent = p.agent or ""
+        peers = Counter({w: totals.agent_homes[(agent, w)] for w in healthy if totals.agent_homes[(agent, w)] > 0})
+        return assign_now(self.name, p, self._choose(peers, load, count), "new" if p.home_worker is None else "failover")

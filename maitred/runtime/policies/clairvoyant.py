@@ -8,11 +8,14 @@ what is needed furthest in the future", weighed by the room it holds (as GreedyD
 for objects of different sizes) — and the GPU tier is filled in that order, then the host tier;
 the rest wait. Reasoning programs rank first and are never moved mid-step. New programs go to
 the worker with the most room. It is a strong heuristic, not a proven optimum: the replay
-reports it so a share of it can be read, and a policy may beat it in a cell.
+reports it so a share of it can be read, and a policy may beat it in a cell. Unlike the
+policies it keeps memory (``next_use``, the future it is told), which is why only the replay
+can run it.
 """
 
 from dataclasses import replace
 
+from maitred.runtime.admission import Cadence
 from maitred.runtime.decisions import Assignment, Decision, TierMove
 from maitred.runtime.placement import signature
 from maitred.runtime.policies.base import finish
@@ -22,6 +25,10 @@ from maitred.runtime.state import View
 
 class Clairvoyant:
     name = "clairvoyant"
+    cadence = Cadence(period_s=1.0, hold_s=1800.0, urgent_s=0.05)
+
+    def admit_at_arrival(self, view: View, program_id: str) -> Decision | None:
+        return None
 
     def __init__(self) -> None:
         #: simulated time of each program's next request (set by whoever knows the future)

@@ -10,15 +10,19 @@ it too may displace more idle programs. Its engine patch (typed offloading) labe
 with the tiers: busy blocks are evicted last on the GPU, and first on the host side.
 """
 
+from maitred.runtime.admission import Cadence
 from maitred.runtime.decisions import Assignment, Decision
 from maitred.runtime.placement import signature, wants_gpu
-from maitred.runtime.policies.base import finish
+from maitred.runtime.policies.base import assign_now, finish, healthy_free
 from maitred.runtime.state import View
-from maitred.runtime.tiering import TierPlan, plan_tiers
+from maitred.runtime.tiering import plan_tiers
 
 
 class Mori:
     name = "mori"
+    #: "the scheduler runs asynchronously with a default 5-second period" on ThunderAgent's
+    #: scheduler, whose paused requests are let through after 1,800 s
+    cadence = Cadence(period_s=5.0, hold_s=1800.0)
 
     def step(self, view: View) -> Decision:
         plan = plan_tiers(view, promote_waiting=True, displace=True)
@@ -39,11 +43,13 @@ class Mori:
         return finish(self.name, view, moves=plan.moves, assignments=assignments)
 
     def admit_at_arrival(self, view: View, program_id: str) -> Decision | None:
-        """A new program's first request goes in at once if it fits a GPU tier without moving anything."""
+        """A new program's first request goes in at once if it fits a GPU tier without moving
+        anything: the worker with the most room (from the totals)."""
         p = view.programs[program_id]
-        free = TierPlan(view).gpu_free() if p.home_worker is None else {}
+        if p.home_worker is not None:
+            return None
+        free = healthy_free(view, tier_tokens=False)
         worker = max(sorted(free), key=free.__getitem__, default=None)
         if worker is None or p.weight(view.cfg.reserve_tokens) > free[worker]:
             return None
-        return Decision(self.name, assignments=(Assignment(program_id, worker, "new", signature(p)),),
-                        admitted=frozenset({program_id}))
+        return assign_now(self.name, p, worker)

@@ -23,14 +23,20 @@ Every rule follows ThunderAgent-org/ThunderAgent (paths below are in that reposi
 - New programs are assigned when their first request arrives, to the backend with the fewest
   active tokens among those with room for tokens + 100, but only while the paused pool is
   empty; otherwise they queue behind the paused ones (``admit_at_arrival``).
+- ``_wait_for_resume(timeout=1800.0)`` in ``router.py``: a paused request is let through after
+  1,800 s (``cadence``).
+
+The marks are kept in the state, not in the policy: a mark is a lazy tier move (``lazy_since``
+is the start of the marked request), so the gateway and the replay see the same marks.
 """
 
 from dataclasses import replace
 
+from maitred.runtime.admission import Cadence
 from maitred.runtime.decisions import Assignment, Decision, TierMove
 from maitred.runtime.placement import signature
-from maitred.runtime.policies.base import finish
-from maitred.runtime.records import Phase, ProgramState, Tier
+from maitred.runtime.policies.base import assign_now, finish
+from maitred.runtime.records import Phase, ProgramState, Tier, WorkerState
 from maitred.runtime.state import View
 
 #: ``ThunderAgent/backend/state.py``: ``BUFFER_PER_PROGRAM``
@@ -39,11 +45,14 @@ BUFFER_PER_PROGRAM = 100
 
 def remaining_capacity(view: View, worker_id: str, active: list[ProgramState]) -> int:
     """``BackendState.remaining_capacity`` for ``active`` programs on ``worker_id``."""
-    worker = view.workers[worker_id]
     reasoning = sum(p.context_tokens for p in active if p.phase is Phase.REASONING)
     acting = sum(p.context_tokens for p in active if p.phase is not Phase.REASONING)
+    return _remaining(view.workers[worker_id], reasoning, acting, len(active))
+
+
+def _remaining(worker: WorkerState, reasoning: int, acting: int, programs: int) -> int:
     shared = max(0, reasoning - worker.used_tokens) if worker.used_tokens is not None else 0
-    return worker.gpu_tokens - (reasoning + acting - shared + BUFFER_PER_PROGRAM * len(active))
+    return worker.gpu_tokens - (reasoning + acting - shared + BUFFER_PER_PROGRAM * programs)
 
 
 def _paused(p: ProgramState, tiers: dict[str, Tier], healthy: set[str]) -> bool:
@@ -53,33 +62,34 @@ def _paused(p: ProgramState, tiers: dict[str, Tier], healthy: set[str]) -> bool:
     return tiers[p.program_id] is not Tier.GPU
 
 
+def _mark_ended(p: ProgramState) -> bool:
+    """A marked program whose marked request has ended (it may have sent another since)."""
+    return p.phase is not Phase.REASONING or p.phase_since != p.lazy_since
+
+
 class ThunderAgent:
     name = "thunderagent"
-
-    def __init__(self) -> None:
-        #: REASONING programs to pause when their request ends, with the start of that request
-        self.marked: dict[str, float] = {}
+    cadence = Cadence(period_s=5.0, hold_s=1800.0)   # config.py scheduler_interval; router.py _wait_for_resume
 
     def step(self, view: View) -> Decision:
         healthy = {w.worker_id for w in view.healthy_workers()}
         tiers = {pid: p.tier for pid, p in view.programs.items()}
         moves: list[TierMove] = []
-        for pid, since in sorted(self.marked.items()):  # their request ended since they were marked: pause
-            p = view.programs.get(pid)
-            if p is None:
-                del self.marked[pid]
-            elif p.phase is not Phase.REASONING or p.phase_since != since or tiers[pid] is not Tier.GPU:
-                del self.marked[pid]
-                if p.home_worker in healthy and tiers[pid] is Tier.GPU:
-                    moves.append(TierMove(pid, p.home_worker, Tier.GPU, Tier.WAITING))
-                    tiers[pid] = Tier.WAITING
+        marked = set()
+        for pid in sorted(pid for pid, p in view.programs.items() if p.lazy_demote and p.tier is Tier.GPU):
+            p = view.programs[pid]
+            if not _mark_ended(p):
+                marked.add(pid)
+            elif p.home_worker in healthy:  # its request ended since it was marked: pause
+                moves.append(TierMove(pid, p.home_worker, Tier.GPU, Tier.WAITING))
+                tiers[pid] = Tier.WAITING
         active = {w: [p for p in view.programs.values() if p.home_worker == w and tiers[p.program_id] is Tier.GPU]
                   for w in sorted(healthy)}
         assignments = self._greedy_resume(view, tiers, active, healthy)
         for worker_id, programs in active.items():
-            moves += self._pause_until_safe(view, worker_id, programs, tiers)
+            moves += self._pause_until_safe(view, worker_id, programs, tiers, marked)
         decision = finish(self.name, view, moves=moves, assignments=assignments)
-        return replace(decision, admitted=decision.admitted - self.marked.keys())
+        return replace(decision, admitted=decision.admitted - marked, withheld=frozenset(marked))
 
     def _greedy_resume(self, view: View, tiers: dict[str, Tier], active: dict[str, list[ProgramState]],
                        healthy: set[str]) -> list[Assignment]:
@@ -117,7 +127,7 @@ class ThunderAgent:
         return assignments
 
     def _pause_until_safe(self, view: View, worker_id: str, programs: list[ProgramState],
-                          tiers: dict[str, Tier]) -> list[TierMove]:
+                          tiers: dict[str, Tier], marked: set[str]) -> list[TierMove]:
         moves: list[TierMove] = []
         remaining = remaining_capacity(view, worker_id, programs)
         acting = sorted((p for p in programs if p.phase is not Phase.REASONING),
@@ -132,25 +142,27 @@ class ThunderAgent:
             remaining += p.context_tokens + BUFFER_PER_PROGRAM
         if remaining < 0:
             for p in reasoning:
-                self.marked.setdefault(p.program_id, p.phase_since)
+                if p.program_id not in marked:
+                    marked.add(p.program_id)
+                    moves.append(TierMove(p.program_id, worker_id, Tier.GPU, Tier.WAITING, lazy=True))
         return moves
 
     def admit_at_arrival(self, view: View, program_id: str) -> Decision | None:
-        """A new program's first request: assigned at once while the paused pool is empty."""
+        """A new program's first request: assigned at once while the paused pool is empty, to
+        the backend with the fewest active tokens among those with room (from the totals)."""
         p = view.programs[program_id]
-        healthy = {w.worker_id for w in view.healthy_workers()}
-        tiers = {pid: q.tier for pid, q in view.programs.items()}
-        if p.home_worker is not None or any(
-                _paused(q, tiers, healthy) for q in view.programs.values() if q.program_id != program_id):
+        if p.home_worker is not None:
+            return None
+        totals = view.totals
+        healthy = sorted(w.worker_id for w in view.healthy_workers())
+        paused = totals.homeless_wanting - (p.phase is Phase.REASONING) + sum(totals.worker(w).homed_off_gpu for w in healthy)
+        if paused > 0:
             return None
         need = p.context_tokens + BUFFER_PER_PROGRAM
         fits = []
-        for w in sorted(healthy):
-            programs = [q for q in view.programs.values() if q.home_worker == w and tiers[q.program_id] is Tier.GPU]
-            if remaining_capacity(view, w, programs) >= need:
-                fits.append((sum(q.context_tokens for q in programs), w))
-        if not fits:
-            return None
-        worker_id = min(fits)[1]
-        return Decision(self.name, assignments=(Assignment(program_id, worker_id, "new", signature(p)),),
-                        admitted=frozenset({program_id}))
+        for w in healthy:
+            t = totals.worker(w)
+            active = t.gpu_reasoning_context + t.gpu_acting_context
+            if _remaining(view.workers[w], t.gpu_reasoning_context, t.gpu_acting_context, t.gpu_programs) >= need:
+                fits.append((active, w))
+        return assign_now(self.name, p, min(fits)[1]) if fits else None

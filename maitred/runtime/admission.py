@@ -1,0 +1,54 @@
+"""The timing rules both drivers share: each policy's cadence and hold bound, and SGLang's
+priority encoding under its ratchet.
+
+Plain data and arithmetic, no state: ``RuntimeCore`` (``maitred/runtime/core.py``) applies them
+for the gateway on the wall clock and for the replay in virtual time.
+"""
+
+import math
+from dataclasses import dataclass
+
+#: maitred's bounded wait of a held request before it is let through anyway, live and in the
+#: replay. A forced request overfills the GPU and every running program pays in evictions and
+#: recompute, so a longer hold serves more (synthetic C = 80 ×1, one hour, ``maitred bench replay
+#: ... --policy maitred --hold-timeout S``: BENCHMARKS.md, "Hold bound"); but a hold longer than
+#: the request timeout of common clients (the OpenAI SDK's and LiteLLM's 600 s) turns into client
+#: errors, so maitred's default stays under it.
+HOLD_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class Cadence:
+    """When a policy runs and how long it lets a request wait, as its authors' code or paper says.
+
+    ``period_s``: the periodic step. ``hold_s``: a held request is let through after this long.
+    ``urgent_s``: a step this soon after a request is held (None: wait for the period)."""
+
+    period_s: float
+    hold_s: float
+    urgent_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("period_s", "hold_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if self.urgent_s is not None and not (math.isfinite(self.urgent_s) and self.urgent_s >= 0):
+            raise ValueError(f"urgent_s must be a number of seconds >= 0, got {self.urgent_s!r}")
+
+
+#: Each epoch's priorities lie above every earlier epoch's (see ``encode_priority``); a policy's
+#: own priorities stay within (-EPOCH_SPAN / 2, EPOCH_SPAN / 2).
+EPOCH_SPAN = 1000
+
+
+def encode_priority(policy_priority: int, now: float, started_at: float, epoch_s: float) -> int:
+    """SGLang request priority for ``--radix-eviction-policy priority``.
+
+    SGLang's ratchet: a cached prefix keeps the highest priority any request gave it, so a
+    program once sent high cannot be demoted by sending it low. Priorities therefore rise with
+    time — the policy's priority within an epoch of ``epoch_s``, every later epoch above every
+    earlier one — and a program the policy demotes (it sends no requests while idle) is
+    overtaken by the programs still running, instead of being lowered."""
+    epoch = int(max(now - started_at, 0.0) / epoch_s)
+    return epoch * EPOCH_SPAN + policy_priority
