@@ -43,6 +43,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from reference import reference_s
+
 PAYLOAD = json.dumps({
     "session_id": "bench-session", "transcript_path": "/tmp/t.jsonl", "cwd": "/tmp", "permission_mode": "default",
     "hook_event_name": "PreToolUse", "tool_name": "Bash", "tool_use_id": "toolu_bench",
@@ -277,7 +279,7 @@ def main() -> None:
     print("LangGraph middleware:")
     for key, value in middleware.items():
         print(f"  {key}: {value}")
-    print(json.dumps({"command_hook": hook, "langgraph_middleware": middleware,
+    print(json.dumps({"reference_s": reference_s(), "command_hook": hook, "langgraph_middleware": middleware,
                       "goals": {"hook_median_ms": 100, "middleware_share": 0.02}}))
 
 

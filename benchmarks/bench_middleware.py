@@ -27,6 +27,7 @@ import uuid
 from pathlib import Path
 from urllib.parse import quote
 
+from reference import reference_s
 from sqlalchemy import create_engine, text
 
 import maitred
@@ -139,6 +140,7 @@ def main() -> None:
     print(f"end to end: {args.e2e_calls} tool calls ({2 * args.e2e_calls} events), default settings: "
           + ", ".join(f"{k} {v} events/s, {dropped[k]} dropped" for k, v in rates.items() if v is not None))
     result.update(end_to_end_events_per_s=rates, end_to_end_dropped=dropped)
+    result["reference_s"] = reference_s()
     print(json.dumps(result))
 
 

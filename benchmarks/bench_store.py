@@ -35,6 +35,8 @@ from maitred.storage.models import EventRow
 # The repository root, for the test suite's helpers (the fault scenarios' child process and the
 # throwaway PostgreSQL schemas): one copy of each, run from ``benchmarks/``.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from reference import reference_s
+
 from tests.helpers import throwaway_schemas
 
 T0 = time.time() - 86_400
@@ -259,6 +261,7 @@ def main() -> None:
         result = throughput(args, sqlite, postgres)
         if args.reliability:
             result |= reliability(args, sqlite, postgres)
+    result["reference_s"] = reference_s()
     print(json.dumps(result))
 
 
