@@ -1,0 +1,191 @@
+"""The rules ``RuntimeCore`` owns, each exercised through the gateway and the replay alike."""
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from maitred.events import ToolStart
+from maitred.gateway.app import ServeConfig, build_app
+from maitred.gateway.loop import Runtime, RuntimeConfig
+from maitred.gateway.sglang.client import SGLangWorker
+from maitred.harness.background import BackgroundServer, free_port
+from maitred.runtime.admission import EPOCH_SPAN, HOLD_TIMEOUT_S, encode_priority
+from maitred.runtime.core import RuntimeCore
+from maitred.runtime.decisions import Warmup
+from maitred.runtime.policies import POLICIES, make_policy
+from maitred.runtime.records import Phase, Tier
+from maitred.runtime.state import _Programs
+from maitred.sim.replay import Replay, RunConfig
+from maitred.sim.traces import ProgramTrace, Step, ToolCall, Trace
+from maitred.sim.worker.config import SimWorkerConfig
+from maitred.sim.worker.server import SimWorkerThread
+from tests.runtime_helpers import NOW, program, state
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class _Walked(AssertionError):
+    pass
+
+
+class _NoWalk(_Programs):
+    """The program table, refusing to be walked: what the arrival path may not do."""
+
+    def __iter__(self) -> Iterator[str]:
+        raise _Walked("the program table was walked")
+
+    def values(self) -> Any:
+        raise _Walked("the program table was walked")
+
+    def items(self) -> Any:
+        raise _Walked("the program table was walked")
+
+    def keys(self) -> Any:
+        raise _Walked("the program table was walked")
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_a_new_programs_first_request_walks_no_program(policy):
+    """Admission at arrival reads the arriving program and per-worker totals only, whatever the
+    policy and however many programs are known (10,000 here): the gateway's event loop pays
+    O(workers) per request, not O(programs)."""
+    known = [program(f"k{i}", tokens=2_000, home=f"w{i % 8}", tier=Tier.GPU if i % 3 else Tier.CPU) for i in range(10_000)]
+    st = state([(f"w{i}", 4_000_000, 4_000_000) for i in range(8)], known)
+    core = RuntimeCore(st, policy)
+    core.step(NOW)  # sizes maitred's tiers and settles the baselines' pools, as a running gateway has
+    st.totals()
+    st.programs.__class__ = _NoWalk
+    try:
+        arrival = core.arrive("newcomer", NOW + 1, prompt_tokens=1_000)
+        again = core.arrive("k1", NOW + 1, prompt_tokens=2_000)
+    finally:
+        st.programs.__class__ = _Programs
+    assert again.worker == st.programs["k1"].home_worker  # a GPU-tier program goes at once
+    assert arrival.worker is None or arrival.worker.startswith("w")
+
+
+def test_the_totals_follow_every_change_the_state_makes():
+    """The incremental totals equal a fresh count after events, decisions and a worker failure."""
+    from maitred.runtime.totals import WorkerTotals, totals_of
+
+    st = state([("w0", 50_000, 0), ("w1", 50_000, 0)], [program(f"p{i}", tokens=1_000 * i, home=f"w{i % 2}",
+                                                                 tier=Tier.GPU) for i in range(1, 9)])
+    core = RuntimeCore(st, "maitred")
+    core.arrive("n1", NOW, prompt_tokens=3_000)
+    core.step(NOW + 1)
+    st.apply(ToolStart(ts=NOW + 2, program_id="p2", call_id="c", tool="bash"))
+    st.set_worker_health("w1", False)
+    core.end("p4", NOW + 3)
+    fresh = totals_of(st.programs, st.cfg.reserve_tokens)
+    live = st.totals()
+    def nonzero(workers: dict[str, WorkerTotals]) -> dict[str, WorkerTotals]:
+        return {w: t for w, t in workers.items() if t != WorkerTotals()}
+
+    assert nonzero(live.workers) == nonzero(fresh.workers) and live.wanting_off_gpu == fresh.wanting_off_gpu
+    assert live.homeless_wanting == fresh.homeless_wanting
+    assert +live.agent_homes == +fresh.agent_homes
+
+
+def test_policies_keep_no_memory_between_steps():
+    """A fresh policy object each step decides as one kept for the whole run: what a policy
+    remembers (round robin's cursor, ThunderAgent's marks) lives in the state."""
+    for name in POLICIES:
+        def run(fresh: bool, name: str = name) -> list[Any]:
+            st = state([("w0", 9_000, 9_000), ("w1", 9_000, 9_000)],
+                       [program(f"p{i}", tokens=2_500, phase=Phase.REASONING) for i in range(6)])
+            policy = make_policy(name)
+            out = []
+            for k in range(4):
+                core = RuntimeCore(st, make_policy(name) if fresh else policy)
+                result = core.step(NOW + k)
+                out.append((result.decision.tier_moves, result.decision.assignments, result.decision.withheld))
+                for pid in list(st.programs)[k::3]:
+                    st.apply(ToolStart(ts=NOW + k + 0.5, program_id=pid, call_id=f"c{k}", tool="bash"))
+            return out
+        assert run(fresh=True) == run(fresh=False), name
+        assert vars(make_policy(name)) in ({}, {"preprefill": True}) or name == "cache_aware", name
+
+
+def _trace() -> Trace:
+    steps = tuple(Step("coder", 2_000 + 500 * k, 40, tools=(ToolCall("Bash", 30.0),)) for k in range(4))
+    return Trace("t", [ProgramTrace(f"p{i}", steps) for i in range(3)], {"coder": 300})
+
+
+def test_the_hold_bound_and_cadence_are_the_policys_in_both_drivers():
+    """One hold bound and one cadence per policy, read by the gateway and the replay alike."""
+    for name in POLICIES:
+        live = RuntimeConfig(policy=name)
+        cadence = make_policy(name).cadence
+        assert RunConfig(name, 1).cadence == cadence
+        runtime = Runtime({}, live)
+        assert runtime.core.cadence == cadence and runtime.state.cfg.period_s == cadence.period_s
+    assert make_policy("maitred").cadence.hold_s == HOLD_TIMEOUT_S == 300.0
+    assert make_policy("thunderagent").cadence.hold_s == 1800.0 and make_policy("thunderagent").cadence.period_s == 5.0
+
+
+def test_a_held_request_is_forced_to_its_home_else_the_least_loaded_worker():
+    st = state([("w0", 4_000, 0), ("w1", 4_000, 0)],
+               [program("a", tokens=3_000, home="w0", tier=Tier.GPU), program("big", tokens=5_000, phase=Phase.REASONING)])
+    core = RuntimeCore(st, "maitred")
+    assert core.arrive("big", NOW, prompt_tokens=5_000).worker is None and "big" in core.held
+    assert core.hold_deadline("big") == NOW + HOLD_TIMEOUT_S
+    assert core.force("big", NOW + HOLD_TIMEOUT_S) == "w1"  # no home: the least loaded (w0 holds a)
+    assert "big" not in core.held and st.programs["big"].tier is Tier.GPU and st.programs["big"].home_worker == "w1"
+
+
+def test_priorities_rise_by_epoch_under_the_ratchet_in_both_drivers():
+    """SGLang keeps the highest priority a prefix was given, so priorities rise with time: the
+    policy's within each 10 s epoch, every epoch above the last. The replay sends what the
+    gateway sends (its engine keeps the ratchet)."""
+    assert encode_priority(150, 25.0, 0.0, 10.0) == 2 * EPOCH_SPAN + 150
+    assert encode_priority(-100, 31.0, 0.0, 10.0) > encode_priority(200, 29.0, 0.0, 10.0)
+    replay = Replay(_trace(), RunConfig("maitred", 3, duration_s=200.0, stagger_s=0.0))
+    replay.run()
+    sent = [v for by_worker in replay.core.ratchet.values() for v in by_worker.values()]
+    assert sent and max(sent) // EPOCH_SPAN >= 9  # programs still running past 90 s of virtual time
+    t = [1000.0]
+    runtime = Runtime({}, RuntimeConfig(priority=True), clock=lambda: t[0])
+    first = runtime.priority_for("p", "w")
+    t[0] += 25.0
+    assert runtime.priority_for("p", "w") == first + 2 * EPOCH_SPAN
+    assert runtime.ratchet["p"]["w"] == first + 2 * EPOCH_SPAN
+
+
+@pytest.mark.anyio
+async def test_a_chat_programs_warmup_is_rendered_by_the_workers_tokenizer():
+    """Chat traffic is warmable live: the gateway keeps a chat request's messages and, when the
+    core sends a warmup for the program, has the worker render them (``/v1/tokenize``) and
+    prefills the ids, so the program's next request finds them cached."""
+    messages = [{"role": "system", "content": "you are the coder " * 200}, {"role": "user", "content": "fix it"}]
+    with SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=200_000, time_scale=20.0)) as sim:
+        async with httpx.AsyncClient() as client:
+            runtime = Runtime({sim.url: SGLangWorker(sim.url, client)}, RuntimeConfig(tick_s=0.2, poll_s=0.2))
+            await runtime.start()
+            try:
+                runtime.state.apply(ToolStart(ts=runtime.clock(), program_id="c1", call_id="x", tool="bash"))
+                runtime.remember_prompt("c1", (messages, None))
+                runtime._start_warmup(Warmup("c1", sim.url, 400, "recompute", 1.0))
+                await runtime._warming["c1"]
+                assert 'maitred_warmups_total{outcome="done"} 1.0' in runtime.metrics.render().decode()
+            finally:
+                await runtime.stop()
+            r = await client.post(sim.url + "/v1/chat/completions", timeout=30,
+                                  json={"model": "sim", "max_tokens": 4, "messages": messages})
+    usage = r.json()["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] > 0.8 * usage["prompt_tokens"], usage
+
+
+def test_a_request_refused_for_want_of_workers_leaves_no_program_behind():
+    dead = f"http://127.0.0.1:{free_port()}"
+    gateway = build_app(ServeConfig([dead], runtime=RuntimeConfig(tick_s=0.2, poll_s=0.2)))
+    with BackgroundServer(gateway.app) as server:
+        for body in ({"model": "sim", "program_id": "named", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]},
+                     {"model": "sim", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}):
+            r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=30)
+            assert r.status_code == 503 and "no worker" in r.json()["error"]["message"]
+        assert httpx.get(server.url + "/v1/programs", timeout=10).json() == []
