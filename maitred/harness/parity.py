@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import orjson
 
+from maitred.events import PROGRAM_ID_HEADERS
 from maitred.sim.replay import Replay, RunConfig
 from maitred.sim.traces import ProgramTrace, Trace
 
@@ -113,9 +114,10 @@ class _Player:
         ids = _extend(self.pid, self.context, self.prefix.get(agent, 0), tokens)
         body = {"input_ids": ids, "stream": True, "sampling_params": {"max_new_tokens": output, "ignore_eos": True}}
         started = time.perf_counter()
-        first, answer = None, []
+        first: float | None = None
+        answer: list[int] = []
         with client.stream("POST", self.url + "/generate", content=orjson.dumps(body),
-                           headers={"content-type": "application/json", "x-program-id": self.pid}) as response:
+                           headers={"content-type": "application/json", PROGRAM_ID_HEADERS[0]: self.pid}) as response:
             response.raise_for_status()
             for line in response.iter_lines():
                 if not line.startswith("data: {"):
