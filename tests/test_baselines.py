@@ -7,7 +7,7 @@ import pytest
 from maitred.runtime import Phase, Scheduler, Tier
 from maitred.runtime.policies.thunderagent import BUFFER_PER_PROGRAM, ThunderAgent, remaining_capacity
 from maitred.runtime.tiering import plan_tiers
-from maitred.sim.engine import Request, Worker
+from maitred.sim.engine import Request, WorkerModel
 from maitred.sim.profile import EngineProfile
 from maitred.sim.replay import SIM_POLICIES, RunConfig
 from tests.runtime_helpers import NOW, program, state
@@ -15,7 +15,7 @@ from tests.runtime_helpers import NOW, program, state
 PROFILE = EngineProfile()
 
 
-def finish(w: Worker, req: Request, t: float = 0.0) -> Request:
+def finish(w: WorkerModel, req: Request, t: float = 0.0) -> Request:
     w.submit(req, t)
     while req.done_at is None:
         nxt = w.next_event_time()
@@ -32,7 +32,7 @@ def req(pid: str, context: int, output: int = 10, **kw) -> Request:
 
 
 def test_write_through_leaves_a_host_copy_of_every_cached_block():
-    w = Worker("w", PROFILE, gpu_tokens=100_000, host_tokens=200_000, offload=True)
+    w = WorkerModel("w", PROFILE, gpu_tokens=100_000, host_tokens=200_000, offload=True)
     finish(w, req("p", 5_000))
     seg = w.segments["p"]
     assert seg.gpu == 5_010 and seg.host == 5_010 and w.host_used == 5_010
@@ -42,7 +42,7 @@ def test_gpu_eviction_writes_nothing_and_loads_back_what_write_through_saved():
     """p's 9,010 tokens were written through when cached; q's 8,000 need room, so p loses the
     GPU tail (a partial eviction): no bytes move then, and p's next prompt loads the evicted
     part back from host memory instead of recomputing it."""
-    w = Worker("w", PROFILE, gpu_tokens=12_000, host_tokens=50_000, offload=True)
+    w = WorkerModel("w", PROFILE, gpu_tokens=12_000, host_tokens=50_000, offload=True)
     finish(w, req("p", 9_000))
     moved = w.stats.transfer_bytes
     finish(w, req("q", 2_000, output=1_500), t=w.t)
@@ -57,7 +57,7 @@ def test_gpu_eviction_writes_nothing_and_loads_back_what_write_through_saved():
 def test_a_block_evicted_without_a_host_copy_is_gone():
     """The host pool is full of the host copies of GPU-resident KV, which stock host eviction
     may not take: p's copy is not made, and once the GPU evicts p, p recomputes."""
-    w = Worker("w", PROFILE, gpu_tokens=20_000, host_tokens=6_000, offload=True)
+    w = WorkerModel("w", PROFILE, gpu_tokens=20_000, host_tokens=6_000, offload=True)
     finish(w, req("q", 5_990))
     finish(w, req("p", 5_990), t=w.t)
     assert w.segments["q"].host == 6_000 and w.segments["p"].host == 0
@@ -73,7 +73,7 @@ def test_write_back_copies_only_what_leaves_the_gpu_and_the_scheduler_waits_for_
     needs the room, the evicted tail of p's KV (and only it) is copied to host memory first and
     the worker stalls for the copy (no step runs until it is done); p's next prompt loads it
     back instead of recomputing."""
-    w = Worker("w", PROFILE, gpu_tokens=12_000, host_tokens=12_000, offload=True, write_back=True)
+    w = WorkerModel("w", PROFILE, gpu_tokens=12_000, host_tokens=12_000, offload=True, write_back=True)
     finish(w, req("p", 9_000))
     assert w.host_used == 0 and w.stats.transfer_bytes == 0
     t0 = w.t
@@ -94,7 +94,7 @@ def test_write_back_keeps_more_than_the_gpu_on_a_host_pool_the_size_of_the_gpu()
     write-through mirrors the GPU on the host, so the one pushed off the GPU has no copy left
     and recomputes; write-back copies it when it leaves, so it loads back."""
     def third_visit(write_back: bool) -> Request:
-        w = Worker("w", PROFILE, gpu_tokens=12_000, host_tokens=12_000, offload=True, write_back=write_back)
+        w = WorkerModel("w", PROFILE, gpu_tokens=12_000, host_tokens=12_000, offload=True, write_back=write_back)
         for pid in ("a", "b"):
             finish(w, req(pid, 5_000), t=w.t)
         finish(w, req("c", 5_000), t=w.t)  # pushes a off the GPU
@@ -109,7 +109,7 @@ def test_write_back_never_drops_the_host_copy_a_promotion_is_loading():
     need pushes q off the GPU, and q's write-back needs host room too. It must not take p's
     copy, which is being loaded: q's blocks are lost instead, and p's next request hits what
     was loaded."""
-    w = Worker("w", PROFILE, gpu_tokens=10_000, host_tokens=5_000, offload=True, write_back=True)
+    w = WorkerModel("w", PROFILE, gpu_tokens=10_000, host_tokens=5_000, offload=True, write_back=True)
     for pid in ("p", "q", "r"):
         finish(w, req(pid, 4_990), t=w.t)
     assert (w.segments["p"].gpu, w.segments["p"].host) == (0, 5_000)
@@ -120,7 +120,7 @@ def test_write_back_never_drops_the_host_copy_a_promotion_is_loading():
 
 
 def test_stock_host_eviction_never_takes_the_copy_of_a_gpu_resident_block():
-    w = Worker("w", PROFILE, gpu_tokens=100_000, host_tokens=10_000, offload=True)
+    w = WorkerModel("w", PROFILE, gpu_tokens=100_000, host_tokens=10_000, offload=True)
     finish(w, req("q", 6_000))
     finish(w, req("p", 6_000), t=w.t)
     assert w.segments["q"].host == 6_010 and w.segments["q"].gpu == 6_010  # q's copy stays
@@ -128,7 +128,7 @@ def test_stock_host_eviction_never_takes_the_copy_of_a_gpu_resident_block():
 
 
 def test_moris_patch_drops_host_copies_of_gpu_tier_programs_first():
-    w = Worker("w", PROFILE, gpu_tokens=100_000, host_tokens=10_000, offload=True, typed_eviction=True,
+    w = WorkerModel("w", PROFILE, gpu_tokens=100_000, host_tokens=10_000, offload=True, typed_eviction=True,
                host_evicts_gpu_copies=True)
     finish(w, req("q", 6_000))
     w.relabel({}, {"q": 1, "p": 2})  # q in the GPU tier, p in the host tier
@@ -140,7 +140,7 @@ def test_moris_patch_drops_host_copies_of_gpu_tier_programs_first():
 
 
 def test_priority_ratchet_keeps_the_highest_priority_a_request_gave():
-    w = Worker("w", PROFILE, gpu_tokens=100_000, host_tokens=0, typed_eviction=True)
+    w = WorkerModel("w", PROFILE, gpu_tokens=100_000, host_tokens=0, typed_eviction=True)
     finish(w, req("p", 1_000, priority=200))
     finish(w, req("p", 1_010, priority=-50), t=w.t)
     assert w.priorities["p"] == 200
@@ -150,14 +150,14 @@ def test_priority_ratchet_keeps_the_highest_priority_a_request_gave():
 
 
 def test_relabel_can_lower_a_label():
-    w = Worker("w", PROFILE, gpu_tokens=100_000, host_tokens=0, typed_eviction=True)
+    w = WorkerModel("w", PROFILE, gpu_tokens=100_000, host_tokens=0, typed_eviction=True)
     finish(w, req("p", 1_000, priority=200))
     w.relabel({"p": -100}, {})
     assert w.priorities["p"] == -100
 
 
 def test_typed_eviction_takes_the_lowest_priority_first_then_the_least_recent():
-    w = Worker("w", PROFILE, gpu_tokens=10_000, host_tokens=0, typed_eviction=True)
+    w = WorkerModel("w", PROFILE, gpu_tokens=10_000, host_tokens=0, typed_eviction=True)
     for pid, prio in (("old_high", 100), ("old_low", 0), ("new_low", 0)):
         finish(w, req(pid, 2_000, output=0, priority=prio), t=w.t)
     finish(w, req("x", 5_000, output=0), t=w.t)  # needs 1,000 more: new_low/old_low, older first
@@ -168,7 +168,7 @@ def test_typed_eviction_takes_the_lowest_priority_first_then_the_least_recent():
 
 
 def test_remove_during_a_warmup_frees_everything_and_later_steps_do_not_fail():
-    w = Worker("w", PROFILE, gpu_tokens=100_000, host_tokens=0)
+    w = WorkerModel("w", PROFILE, gpu_tokens=100_000, host_tokens=0)
     assert w.warm("p", "a", 20_000, 0, 0.0)
     w.remove("p")
     assert w.gpu_used == sum(p.tokens for p in w.prefixes.values() if p.resident) and "p" not in w.segments
@@ -179,7 +179,7 @@ def test_remove_during_a_warmup_frees_everything_and_later_steps_do_not_fail():
 def test_promote_loads_from_a_host_copy_its_own_eviction_leaves_alone():
     """Promoting p needs GPU room, evicting q; q's eviction writes nothing, so p's host copy
     is intact and the whole of it is loaded."""
-    w = Worker("w", PROFILE, gpu_tokens=10_000, host_tokens=20_000, offload=True)
+    w = WorkerModel("w", PROFILE, gpu_tokens=10_000, host_tokens=20_000, offload=True)
     finish(w, req("p", 4_990))
     finish(w, req("q", 8_000, output=0), t=w.t)  # evicts p from the GPU, its copy stays on host
     p = w.segments["p"]

@@ -8,8 +8,8 @@ import pytest
 
 from maitred.events import ToolStart
 from maitred.gateway.app import ServeConfig, build_app
-from maitred.gateway.loop import Runtime, RuntimeConfig
-from maitred.gateway.sglang.client import SGLangWorker
+from maitred.gateway.loop import LiveConfig, LiveDriver
+from maitred.gateway.sglang.client import SGLangClient
 from maitred.harness.background import BackgroundServer, free_port
 from maitred.runtime.admission import EPOCH_SPAN, HOLD_TIMEOUT_S, encode_priority
 from maitred.runtime.core import RuntimeCore
@@ -119,10 +119,10 @@ def _trace() -> Trace:
 def test_the_hold_bound_and_cadence_are_the_policys_in_both_drivers():
     """One hold bound and one cadence per policy, read by the gateway and the replay alike."""
     for name in POLICIES:
-        live = RuntimeConfig(policy=name)
+        live = LiveConfig(policy=name)
         cadence = make_policy(name).cadence
         assert RunConfig(name, 1).cadence == cadence
-        runtime = Runtime({}, live)
+        runtime = LiveDriver({}, live)
         assert runtime.core.cadence == cadence and runtime.state.cfg.period_s == cadence.period_s
     assert make_policy("maitred").cadence.hold_s == HOLD_TIMEOUT_S == 300.0
     assert make_policy("thunderagent").cadence.hold_s == 1800.0 and make_policy("thunderagent").cadence.period_s == 5.0
@@ -149,7 +149,7 @@ def test_priorities_rise_by_epoch_under_the_ratchet_in_both_drivers():
     sent = [v for by_worker in replay.core.ratchet.values() for v in by_worker.values()]
     assert sent and max(sent) // EPOCH_SPAN >= 9  # programs still running past 90 s of virtual time
     t = [1000.0]
-    runtime = Runtime({}, RuntimeConfig(priority=True), clock=lambda: t[0])
+    runtime = LiveDriver({}, LiveConfig(priority=True), clock=lambda: t[0])
     first = runtime.priority_for("p", "w")
     t[0] += 25.0
     assert runtime.priority_for("p", "w") == first + 2 * EPOCH_SPAN
@@ -164,7 +164,7 @@ async def test_a_chat_programs_warmup_is_rendered_by_the_workers_tokenizer():
     messages = [{"role": "system", "content": "you are the coder " * 200}, {"role": "user", "content": "fix it"}]
     with SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=200_000, time_scale=20.0)) as sim:
         async with httpx.AsyncClient() as client:
-            runtime = Runtime({sim.url: SGLangWorker(sim.url, client)}, RuntimeConfig(tick_s=0.2, poll_s=0.2))
+            runtime = LiveDriver({sim.url: SGLangClient(sim.url, client)}, LiveConfig(tick_s=0.2, poll_s=0.2))
             await runtime.start()
             try:
                 runtime.state.apply(ToolStart(ts=runtime.clock(), program_id="c1", call_id="x", tool="bash"))
@@ -182,7 +182,7 @@ async def test_a_chat_programs_warmup_is_rendered_by_the_workers_tokenizer():
 
 def test_a_request_refused_for_want_of_workers_leaves_no_program_behind():
     dead = f"http://127.0.0.1:{free_port()}"
-    gateway = build_app(ServeConfig([dead], runtime=RuntimeConfig(tick_s=0.2, poll_s=0.2)))
+    gateway = build_app(ServeConfig([dead], runtime=LiveConfig(tick_s=0.2, poll_s=0.2)))
     with BackgroundServer(gateway.app) as server:
         for body in ({"model": "sim", "program_id": "named", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]},
                      {"model": "sim", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}):

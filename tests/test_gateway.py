@@ -15,10 +15,10 @@ import pytest
 
 from maitred.gateway.app import Gateway, ServeConfig, build_app
 from maitred.gateway.guard import HTTPProblem
-from maitred.gateway.loop import Runtime, RuntimeConfig
+from maitred.gateway.loop import LiveConfig, LiveDriver
 from maitred.gateway.programid import take_program_id
 from maitred.gateway.proxy import ProxyConfig
-from maitred.gateway.sglang.client import SGLangWorker
+from maitred.gateway.sglang.client import SGLangClient
 from maitred.harness.background import BackgroundServer, free_port
 from maitred.sim.worker.app import create_app
 from maitred.sim.worker.config import SimWorkerConfig
@@ -26,7 +26,7 @@ from maitred.sim.worker.server import SimWorkerThread
 from maitred.storage import SessionStore
 
 pytestmark = pytest.mark.anyio
-FAST = RuntimeConfig(tick_s=0.2, poll_s=0.2, hold_timeout_s=30.0)
+FAST = LiveConfig(tick_s=0.2, poll_s=0.2, hold_timeout_s=30.0)
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ class Cluster:
 def cluster() -> Iterator[Callable[..., Cluster]]:
     with ExitStack() as stack:
         def make(*, workers: int = 2, gpu_tokens: int = 200_000, cpu_tokens: int = 0, time_scale: float = 20.0,
-                 runtime: RuntimeConfig = FAST, **serve: Any) -> Cluster:
+                 runtime: LiveConfig = FAST, **serve: Any) -> Cluster:
             sims = [stack.enter_context(BackgroundServer(create_app(SimWorkerConfig(
                 gpu_tokens=gpu_tokens, cpu_tokens=cpu_tokens, time_scale=time_scale)))) for _ in range(workers)]
             gateway = build_app(ServeConfig([s.url for s in sims], runtime=runtime, wait_for_workers_s=10, **serve))
@@ -326,8 +326,8 @@ async def test_each_workers_hicache_write_policy_reaches_its_state_and_a_mirrori
     with sim(75_000, "write_back") as back, sim(75_000, "write_through") as through, \
             sim(100_000, "write_through") as large, caplog.at_level(logging.INFO, "maitred.service"):
         async with httpx.AsyncClient() as client:
-            runtime = Runtime({w.url: SGLangWorker(w.url, client) for w in (back, through, large)},
-                              RuntimeConfig(policy=policy, tick_s=0.2, poll_s=0.2))
+            runtime = LiveDriver({w.url: SGLangClient(w.url, client) for w in (back, through, large)},
+                              LiveConfig(policy=policy, tick_s=0.2, poll_s=0.2))
             await runtime.start()
             try:
                 workers = runtime.state.workers
@@ -587,10 +587,10 @@ async def test_a_store_that_is_down_or_unusable_never_stops_serving(cluster, tmp
 
 
 def test_admission_estimates_learn_each_programs_characters_per_token():
-    from maitred.gateway.loop import Runtime
+    from maitred.gateway.loop import LiveDriver
     from maitred.gateway.usage import PromptSize, prompt_size
 
-    runtime = Runtime({})
+    runtime = LiveDriver({})
     size = prompt_size({"messages": [{"role": "user", "content": "x" * 984}]})
     assert size == PromptSize(chars=1000) and runtime.estimate_prompt("p", size) == 250   # 4 characters a token
     runtime.completed("p", request_id="r", worker="w", prompt_tokens=100, completion_tokens=5, cached_tokens=None,

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from maitred.gateway.app import ServeConfig, build_app
-from maitred.gateway.loop import RuntimeConfig
+from maitred.gateway.loop import LiveConfig
 from maitred.harness.background import BackgroundServer, free_port, wait_http
 
 pytestmark = pytest.mark.anyio
@@ -46,7 +46,7 @@ def sim_processes() -> Iterator[list[tuple[subprocess.Popen[bytes], str]]]:
 
 async def test_killed_worker_programs_move_and_no_request_fails(sim_processes):
     (victim, victim_url), (_, survivor_url) = sim_processes
-    gateway = build_app(ServeConfig([victim_url, survivor_url], runtime=RuntimeConfig(tick_s=0.2, poll_s=0.2),
+    gateway = build_app(ServeConfig([victim_url, survivor_url], runtime=LiveConfig(tick_s=0.2, poll_s=0.2),
                                     wait_for_workers_s=10))
     statuses: Counter[int] = Counter()
     homes: dict[str, set[str]] = {}

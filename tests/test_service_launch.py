@@ -201,12 +201,12 @@ def test_policy_names_of_the_cli_are_the_policies():
 
 def test_serve_passes_the_tier_sizing_flags_to_the_runtime_state():
     """``--busy-margin`` and ``--overcommit-headroom`` reach the signal config the policy reads."""
-    from maitred.gateway.loop import Runtime
+    from maitred.gateway.loop import LiveDriver
     from maitred.gateway.serve import _config, add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(["--worker", "http://127.0.0.1:1", "--no-db", "--busy-margin", "0.8", "--overcommit-headroom", "0"])
     config = _config(args, args.worker)
-    cfg = Runtime({}, config.runtime).state.cfg
+    cfg = LiveDriver({}, config.runtime).state.cfg
     assert (cfg.busy_margin, cfg.overcommit_headroom) == (0.8, 0.0)

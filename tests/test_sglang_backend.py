@@ -27,7 +27,7 @@ import uvicorn
 from fastapi import FastAPI, Request, Response
 
 from maitred.gateway.sglang.client import (
-    SGLangWorker,
+    SGLangClient,
     WorkerCapacity,
     WorkerLoad,
     WorkerProtocolError,
@@ -290,7 +290,7 @@ class FixtureServer:
 def test_client_reads_fixture_shapes_and_falls_back_to_the_deprecated_server_info() -> None:
     async def check(url: str) -> None:
         async with httpx.AsyncClient() as client:
-            worker = SGLangWorker(url + "/", client)
+            worker = SGLangClient(url + "/", client)
             assert worker.url == url
             assert (await worker.capacity()).gpu_tokens == 919_824
             assert (await worker.load()).running == 8
@@ -313,7 +313,7 @@ def test_client_reads_fixture_shapes_and_falls_back_to_the_deprecated_server_inf
 def test_client_against_a_running_sim_worker() -> None:
     async def check(url: str) -> tuple[int | None, int | None, WorkerCapacity, WorkerLoad, int | None, bool]:
         async with httpx.AsyncClient() as client:
-            worker = SGLangWorker(url, client)
+            worker = SGLangClient(url, client)
             prompt = "shared context " * 200
             first = await worker.warmup(prompt)
             second = await worker.warmup(prompt)
@@ -328,7 +328,7 @@ def test_client_against_a_running_sim_worker() -> None:
 
         async def endpoints() -> list[str]:
             async with httpx.AsyncClient() as client:
-                return await SGLangWorker(w.url, client).kv_event_endpoints()
+                return await SGLangClient(w.url, client).kv_event_endpoints()
 
         assert asyncio.run(endpoints()) == [f"tcp://127.0.0.1:{kv_port}"]
         url = w.url
@@ -341,7 +341,7 @@ def test_client_against_a_running_sim_worker() -> None:
 
     async def after_stop() -> bool:
         async with httpx.AsyncClient() as client:
-            return await SGLangWorker(url, client, health_timeout_s=0.5).healthy()
+            return await SGLangClient(url, client, health_timeout_s=0.5).healthy()
 
     assert asyncio.run(after_stop()) is False
 

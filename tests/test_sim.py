@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from maitred.sim.engine import Request, Worker
+from maitred.sim.engine import Request, WorkerModel
 from maitred.sim.profile import EngineProfile
 from maitred.sim.replay import SIM_POLICIES, RunConfig, run_one
 from maitred.sim.traces import ProgramTrace, ToolCall, Trace, TraceError, load_trace, read_tracelab
@@ -92,7 +92,7 @@ def test_engine_hits_loads_and_recomputes_as_memory_allows():
     prompt: with offloading the 7,100 come back from host memory (nothing recomputed); without,
     they are recomputed."""
     for offload, recompute in ((True, 0), (False, 7_100)):
-        w = Worker("w", PROFILE, gpu_tokens=12_000, host_tokens=50_000, offload=offload)
+        w = WorkerModel("w", PROFILE, gpu_tokens=12_000, host_tokens=50_000, offload=offload)
         w.submit(Request("p", "a", 9_900, 100, 0.0), 0.0)
         while w.running:
             w.advance(w.next_event_time())
@@ -106,7 +106,7 @@ def test_engine_hits_loads_and_recomputes_as_memory_allows():
 
 
 def test_step_time_model_matches_the_profile():
-    w = Worker("w", PROFILE, gpu_tokens=100_000, host_tokens=0)
+    w = WorkerModel("w", PROFILE, gpu_tokens=100_000, host_tokens=0)
     req = Request("p", "a", 4_000, 1, 0.0)
     w.submit(req, 0.0)
     done = w.advance(10.0)

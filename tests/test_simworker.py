@@ -145,13 +145,13 @@ def test_a_chat_prefix_warmed_through_tokenize_and_generate_is_found_by_the_next
     as ``input_ids`` with ``max_new_tokens: 0``; the chat request that follows finds them cached."""
     import asyncio
 
-    from maitred.gateway.sglang.client import SGLangWorker
+    from maitred.gateway.sglang.client import SGLangClient
 
     shared = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _words("handoff", 300)}]
 
     async def warm() -> tuple[int, int | None]:
         async with httpx.AsyncClient() as client:
-            backend = SGLangWorker(worker.url, client)
+            backend = SGLangClient(worker.url, client)
             ids = await backend.tokenize(shared, tools=TOOLS)
             return len(ids), await backend.warmup(ids, priority=3)
 
@@ -742,13 +742,13 @@ def test_a_long_running_worker_forgets_conversations_it_holds_no_kv_for() -> Non
     the engine dropped are forgotten, so memory follows the KV capacity, not the traffic."""
     import asyncio
 
-    from maitred.sim.engine import Worker
+    from maitred.sim.engine import WorkerModel
     from maitred.sim.profile import EngineProfile
     from maitred.sim.worker.engine import RealtimeEngine
     from maitred.sim.worker.tokens import render_text
 
     async def run() -> tuple[int, int, int]:
-        engine = RealtimeEngine(Worker("w", EngineProfile(), 2_000, 0), 1_000.0, prune_floor_tokens=5_000)
+        engine = RealtimeEngine(WorkerModel("w", EngineProfile(), 2_000, 0), 1_000.0, prune_floor_tokens=5_000)
         engine.start()
         try:
             for i in range(60):

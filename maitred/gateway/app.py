@@ -16,10 +16,10 @@ import httpx
 from fastapi import FastAPI
 
 from maitred.gateway.ingest import HookMapper, add_admin_routes
-from maitred.gateway.loop import Runtime, RuntimeConfig
+from maitred.gateway.loop import LiveConfig, LiveDriver
 from maitred.gateway.metrics import Metrics
 from maitred.gateway.proxy import Proxy, ProxyConfig, add_proxy_routes
-from maitred.gateway.sglang.client import SGLangWorker
+from maitred.gateway.sglang.client import SGLangClient
 from maitred.gateway.store_writer import StoreWriter
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class ServeConfig:
     workers: Sequence[str]
     db_url: str | None = None            # None: nothing is persisted (tests, benchmarks)
     token: str | None = None
-    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    runtime: LiveConfig = field(default_factory=LiveConfig)
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     max_events_bytes: int = 16 << 20
     max_connections: int = 1024          # per gateway, to all workers together
@@ -45,7 +45,7 @@ class Gateway:
     """The parts of a running gateway, for tests and benchmarks that look inside."""
 
     app: FastAPI
-    runtime: Runtime
+    runtime: LiveDriver
     client: httpx.AsyncClient   # control plane
     proxy: Proxy                # model requests
     loop: asyncio.AbstractEventLoop | None = None   # the serving event loop, once started
@@ -62,8 +62,8 @@ def build_app(cfg: ServeConfig, *, hook_mapper: tuple[HookMapper | None, type[Ex
     # worker's keep-alive timeout (uvicorn's and SGLang's: 5 s).
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=16, keepalive_expiry=2.0)
     client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(30.0, connect=5.0))
-    backends = {url.rstrip("/"): SGLangWorker(url.rstrip("/"), client) for url in cfg.workers}
-    runtime = Runtime(backends, cfg.runtime, Metrics())
+    backends = {url.rstrip("/"): SGLangClient(url.rstrip("/"), client) for url in cfg.workers}
+    runtime = LiveDriver(backends, cfg.runtime, Metrics())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -23,7 +23,7 @@ from starlette.responses import Response
 
 from maitred.events import Event, EventError, LLMStart, decode_event, loads_batch
 from maitred.gateway.guard import HTTPProblem, check_token, parse_json_object, read_body
-from maitred.gateway.loop import NoWorkerAvailable, Runtime
+from maitred.gateway.loop import LiveDriver, NoWorkerAvailable
 from maitred.gateway.metrics import CONTENT_TYPE
 from maitred.runtime.history import DurationStats
 
@@ -55,7 +55,7 @@ def _stats(name: str, s: DurationStats) -> dict[str, Any]:
             "max_s": s.hi if s.n else None}
 
 
-def add_admin_routes(app: FastAPI, runtime: Runtime, *, token: str | None, max_events_bytes: int,
+def add_admin_routes(app: FastAPI, runtime: LiveDriver, *, token: str | None, max_events_bytes: int,
                      hook_mapper: tuple[HookMapper | None, type[Exception]] | None = None) -> None:
     mapper, payload_error = hook_mapper if hook_mapper is not None else claude_code_mapper()
 

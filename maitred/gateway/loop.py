@@ -1,6 +1,6 @@
 """The live driver of the runtime core: requests, events and worker health on the wall clock.
 
-``Runtime`` owns the ``RuntimeState`` and its ``RuntimeCore`` and mutates them only on the
+``LiveDriver`` owns the ``RuntimeState`` and its ``RuntimeCore`` and mutates them only on the
 asyncio event loop, so no lock is needed. Every rule — admission at arrival, holding and
 forced admission, priorities, which warmups to send, the plan re-check — is the core's
 (``maitred/runtime/core.py``), which the replay drives the same way in virtual time; this module
@@ -29,7 +29,7 @@ import httpx
 
 from maitred.events import Event, Handoff, LLMEnd, ProgramEnd, ToolEnd
 from maitred.gateway.metrics import Metrics, Tally, program_counts
-from maitred.gateway.sglang.client import SGLangWorker, WorkerProtocolError
+from maitred.gateway.sglang.client import SGLangClient, WorkerProtocolError
 from maitred.gateway.store_writer import StoreWriter
 from maitred.gateway.usage import PromptSize
 from maitred.runtime.core import CoreConfig, Plan, RuntimeCore, StepResult
@@ -54,7 +54,7 @@ Prompt = str | list[int] | tuple[list[dict[str, Any]], list[dict[str, Any]] | No
 
 
 @dataclass(frozen=True, slots=True)
-class RuntimeConfig:
+class LiveConfig:
     policy: str = "maitred"
     tick_s: float | None = None      # periodic scheduler step (None: the policy's cadence)
     min_gap_s: float = 0.01          # event-driven steps closer than this are coalesced
@@ -100,9 +100,9 @@ class _WorkerHealth:
 
 
 @dataclass
-class Runtime:
-    backends: Mapping[str, SGLangWorker]
-    cfg: RuntimeConfig = field(default_factory=RuntimeConfig)
+class LiveDriver:
+    backends: Mapping[str, SGLangClient]
+    cfg: LiveConfig = field(default_factory=LiveConfig)
     metrics: Metrics = field(default_factory=Metrics)
     writer: StoreWriter | None = None
     clock: Callable[[], float] = time.time

@@ -31,7 +31,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response, StreamingResponse
 
 from maitred.gateway.guard import HTTPProblem, error_response, parse_json_object, read_body
-from maitred.gateway.loop import NoWorkerAvailable, Runtime
+from maitred.gateway.loop import LiveDriver, NoWorkerAvailable
 from maitred.gateway.programid import take_program_id
 from maitred.gateway.usage import PromptSize, SSEUsage, Usage, prompt_size, usage_of, warm_prompt
 
@@ -68,7 +68,7 @@ class _Call:
 
 
 class Proxy:
-    def __init__(self, runtime: Runtime, cfg: ProxyConfig, *, max_connections: int = 1024) -> None:
+    def __init__(self, runtime: LiveDriver, cfg: ProxyConfig, *, max_connections: int = 1024) -> None:
         self.runtime = runtime
         self.cfg = cfg
         self.max_connections = max_connections

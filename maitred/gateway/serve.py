@@ -124,7 +124,7 @@ class _Refused(Exception):
 
 def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
     from maitred.gateway.app import ServeConfig
-    from maitred.gateway.loop import RuntimeConfig
+    from maitred.gateway.loop import LiveConfig
     from maitred.gateway.proxy import ProxyConfig
 
     token = args.token or os.environ.get("MAITRED_TOKEN") or None
@@ -143,7 +143,7 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
     if sizing and args.policy != "maitred":
         flag = "--" + next(iter(sizing)).replace("_", "-")
         raise _Refused(f"{flag}: only the maitred policy sizes its GPU tier by the busy set (--policy {args.policy})")
-    runtime = RuntimeConfig(policy=args.policy, tick_s=args.tick, hold_timeout_s=args.hold_timeout,
+    runtime = LiveConfig(policy=args.policy, tick_s=args.tick, hold_timeout_s=args.hold_timeout,
                             priority=args.priority or bool(args.launch_sglang), warmups=not args.no_warmups,
                             journal=args.journal, **sizing)
     proxy = ProxyConfig(max_body_bytes=args.max_body_mb, request_timeout_s=args.request_timeout)

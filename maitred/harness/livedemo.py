@@ -29,7 +29,7 @@ import orjson
 
 import maitred
 from maitred.gateway.app import ServeConfig, build_app
-from maitred.gateway.loop import Runtime, RuntimeConfig
+from maitred.gateway.loop import LiveConfig, LiveDriver
 from maitred.gateway.sglang.launch import write_policy_for
 from maitred.harness.background import BackgroundServer
 from maitred.middleware.emitter import EmitterSettings
@@ -157,7 +157,7 @@ def _metric(text: str, prefix: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
 
 
-def _workers_seen(runtime: Runtime) -> str:
+def _workers_seen(runtime: LiveDriver) -> str:
     """The workers as the gateway read them from ``/server_info`` (the demo's are alike)."""
     workers = list(runtime.state.workers.values())
     w = workers[0]
@@ -172,7 +172,7 @@ def run_policy(policy: str, cfg: LiveDemoConfig, db_url: str | None, progress: C
                           radix_eviction_policy="priority",
                           hicache_write_policy=write_policy_for(cfg.cpu_tokens / cfg.gpu_tokens))
     with BackgroundServer(create_app(sim)) as w0, BackgroundServer(create_app(sim)) as w1:
-        runtime = RuntimeConfig(policy=policy, hold_timeout_s=cfg.hold_timeout_s, priority=True)
+        runtime = LiveConfig(policy=policy, hold_timeout_s=cfg.hold_timeout_s, priority=True)
         gateway = build_app(ServeConfig([w0.url, w1.url], db_url=db_url, runtime=runtime, wait_for_workers_s=30))
         with BackgroundServer(gateway.app) as server:
             maitred.configure(runtime_url=server.url, settings=EmitterSettings(interval_s=0.05))

@@ -29,13 +29,13 @@ def local_cluster(*, workers: int = 2, script_tools: bool = True, db_url: str | 
     real sockets on 127.0.0.1); stop them on exit. ``db_url``: where the gateway persists events.
     ``overcommit_headroom``: the gateway's (``maitred serve --overcommit-headroom``), else its default."""
     from maitred.gateway.app import ServeConfig, build_app
-    from maitred.gateway.loop import RuntimeConfig
+    from maitred.gateway.loop import LiveConfig
     from maitred.harness.background import BackgroundServer
     from maitred.sim.worker.app import create_app
     from maitred.sim.worker.config import SimWorkerConfig
 
     ports = worker_ports or [0] * workers
-    runtime = RuntimeConfig(tick_s=0.2, poll_s=0.5)
+    runtime = LiveConfig(tick_s=0.2, poll_s=0.5)
     if overcommit_headroom is not None:
         runtime = replace(runtime, overcommit_headroom=overcommit_headroom)
     with ExitStack() as stack:

@@ -146,7 +146,7 @@ def _after_a_step(url: str) -> None:
 
 def live_side(trace: Trace, setup: ParitySetup) -> ParityRun:
     from maitred.gateway.app import ServeConfig, build_app
-    from maitred.gateway.loop import RuntimeConfig
+    from maitred.gateway.loop import LiveConfig
     from maitred.harness.background import BackgroundServer
     from maitred.sim.worker.app import create_app
     from maitred.sim.worker.config import SimWorkerConfig
@@ -160,7 +160,7 @@ def live_side(trace: Trace, setup: ParitySetup) -> ParityRun:
             radix_eviction_policy="priority" if replay.sim.typed else "lru", port=0))))
             for _ in range(setup.workers)]
         names = {s.url: f"w{i}" for i, s in enumerate(sorted(sims, key=lambda s: s.url))}
-        runtime = RuntimeConfig(policy=replay.sim.runtime, priority=replay.core.cfg.priorities, journal=True, poll_s=0.5)
+        runtime = LiveConfig(policy=replay.sim.runtime, priority=replay.core.cfg.priorities, journal=True, poll_s=0.5)
         gateway = build_app(ServeConfig(sorted(names), db_url=None, wait_for_workers_s=10, runtime=runtime))
         server = stack.enter_context(BackgroundServer(gateway.app))
         players = [_Player(server.url, f"{trace.programs[i].program_id}#{slot}", trace.programs[i], trace.prefix_tokens,

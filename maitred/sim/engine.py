@@ -34,11 +34,11 @@ from maitred.sim.host_cache import HostCache
 from maitred.sim.profile import EngineProfile
 
 #: What callers import from here; ``Request`` is defined with the other records in ``engine_records``.
-__all__ = ["Request", "Worker"]
+__all__ = ["Request", "WorkerModel"]
 
 
 @dataclass
-class Worker(HostCache):
+class WorkerModel(HostCache):
     worker_id: str
     profile: EngineProfile
     gpu_tokens: int

@@ -12,7 +12,7 @@ written to host memory when it is evicted from the GPU, and the eviction waits f
 (``HiRadixCache.evict`` calls ``writing_check(write_back=True)``, which blocks the scheduler), so
 the host pool holds what left the GPU instead of mirroring it.
 
-``HostCache`` is a base of ``maitred.sim.engine.Worker``, which owns the state it names: the
+``HostCache`` is a base of ``maitred.sim.engine.WorkerModel``, which owns the state it names: the
 host tier's bookkeeping (copies, write-back stalls, host eviction, loads over the host-to-GPU
 link) reads apart from the GPU side (admission, batching, GPU eviction) that calls it.
 """
@@ -24,7 +24,7 @@ from maitred.sim.profile import EngineProfile
 
 
 class HostCache:
-    """Host-tier methods of ``Worker``; the annotations are the worker's fields they use."""
+    """Host-tier methods of ``WorkerModel``; the annotations are the worker's fields they use."""
 
     profile: EngineProfile
     host_tokens: int

@@ -35,7 +35,7 @@ from maitred.runtime.core import CoreConfig, RuntimeCore, StepResult
 from maitred.runtime.hicache import write_back_for
 from maitred.runtime.policies import Maitred, Policy, make_policy
 from maitred.runtime.policies.clairvoyant import Clairvoyant
-from maitred.sim.engine import Request, Worker
+from maitred.sim.engine import Request, WorkerModel
 from maitred.sim.profile import EngineProfile
 from maitred.sim.traces import ProgramTrace, Trace
 
@@ -213,7 +213,7 @@ class Replay:
         self.gpu_tokens = gpu
         write_back = self.sim.write_back and write_back_for(cfg.cpu_ratio)
         self.workers = {
-            f"w{i}": Worker(f"w{i}", profile, gpu, host, offload=self.sim.offload, typed_eviction=self.sim.typed,
+            f"w{i}": WorkerModel(f"w{i}", profile, gpu, host, offload=self.sim.offload, typed_eviction=self.sim.typed,
                             host_evicts_gpu_copies=self.sim.labels, write_back=write_back)
             for i in range(cfg.workers)
         }

@@ -40,7 +40,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from maitred.gateway.sglang.kv_events import KVEventError, endpoints_from_server_info
 
 __all__ = [
-    "SGLangWorker",
+    "SGLangClient",
     "WorkerCapacity",
     "WorkerLoad",
     "WorkerProtocolError",
@@ -244,7 +244,7 @@ def parse_host_capacity(metrics_text: str) -> int | None:
     return None if total is None else int(total)
 
 
-class SGLangWorker:
+class SGLangClient:
     """One SGLang server seen through HTTP. The ``httpx.AsyncClient`` is the caller's (shared
     connection pool, its limits and transport); each call sets its own timeout."""
 
@@ -257,7 +257,7 @@ class SGLangWorker:
         self._warmup_timeout = warmup_timeout_s
 
     def __repr__(self) -> str:
-        return f"SGLangWorker({self.url!r})"
+        return f"SGLangClient({self.url!r})"
 
     async def _get_json(self, path: str) -> Any:
         response = await self._client.get(self.url + path, timeout=self._timeout)

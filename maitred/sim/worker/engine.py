@@ -1,6 +1,6 @@
 """The simulated worker's clock and cache bookkeeping around the simulator's engine model.
 
-``maitred.sim.engine.Worker`` is an event-driven model of one SGLang worker (prefix cache with
+``maitred.sim.engine.WorkerModel`` is an event-driven model of one SGLang worker (prefix cache with
 sharing, eviction, host offload, continuous batching, a step-time model). Here it runs against
 the wall clock: engine time = wall time since start × ``time_scale``, and one task sleeps until
 the engine's next batch change (or a short streaming interval) and advances it.
@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 
-from maitred.sim.engine import Request, Worker
+from maitred.sim.engine import Request, WorkerModel
 from maitred.sim.worker.tokens import Prompt
 
 PAGE = 16
@@ -172,7 +172,7 @@ class Counters:
 class RealtimeEngine:
     """Runs ``worker`` in real time × ``time_scale``. All methods run on the event loop thread."""
 
-    def __init__(self, worker: Worker, time_scale: float, *, prune_floor_tokens: int = 1_000_000,
+    def __init__(self, worker: WorkerModel, time_scale: float, *, prune_floor_tokens: int = 1_000_000,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.worker = worker
         #: called after every change of the engine's state (KV-event publishing hooks in here)

@@ -7,7 +7,7 @@ of them imports another to get it.
 
 import time
 
-from maitred.sim.engine import Worker
+from maitred.sim.engine import WorkerModel
 from maitred.sim.profile import EngineProfile
 from maitred.sim.worker.config import SimWorkerConfig
 from maitred.sim.worker.engine import RealtimeEngine
@@ -28,7 +28,7 @@ class SimWorker:
         self.gpu_tokens = config.gpu_tokens or self.profile.gpu_kv_tokens
         self.cpu_tokens = config.cpu_tokens
         typed = config.radix_eviction_policy == "priority"
-        worker = Worker("sim", self.profile, self.gpu_tokens, self.cpu_tokens, offload=self.cpu_tokens > 0, typed_eviction=typed,
+        worker = WorkerModel("sim", self.profile, self.gpu_tokens, self.cpu_tokens, offload=self.cpu_tokens > 0, typed_eviction=typed,
                         write_back=config.hicache_write_policy == "write_back")
         self.engine = RealtimeEngine(worker, config.time_scale)
         self.started = time.time()
