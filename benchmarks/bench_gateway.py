@@ -12,10 +12,15 @@ cache_aware``, timed only once its ``GET /workers`` shows both workers healthy.
   direct one's. Requests carry a program id (stable set of programs) to the gateway.
 - Requests/s: closed loop, ``--concurrency`` clients for ``--duration`` seconds per target.
 - Streaming: time to first byte via the gateway vs direct.
-- Held and released: ``--streams`` concurrent streaming requests of new programs (held until a
-  scheduler step places them), then the gateway's requests in flight, held and asyncio tasks
-  must be back to where they were.
-- Added latency again with 10,000 programs in the runtime state (ticking every second).
+- A burst of new programs: ``--streams`` (and ``--burst-large``) concurrent streaming requests of
+  new programs at once, each placed by the policy's arrival rule or held until a step places
+  it: how many completed, how many were refused and with which status, how many times a
+  healthy worker was declared down (the event loop must keep answering health checks), and
+  that the gateway's requests in flight, held and asyncio tasks are back to where they were.
+- A new program's first request at 0, 1,000 and 10,000 programs known (each with an open tool
+  call, ticking every second): its added latency must not grow with the fleet (goal: at most
+  1.5× at 10,000 what it is at 0), then the added latency of known programs at 10,000.
+- ``reference_s``: a fixed pure-Python workload timed in the same run (``benchmarks/reference.py``).
 
 Last line: one JSON object with every figure.
 """
@@ -33,6 +38,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from reference import reference_s
 
 from maitred.harness.background import free_port, wait_http
 
@@ -154,16 +160,27 @@ def ttfb(urls: dict[str, str], n: int) -> dict[str, float]:
     return {name: statistics.median(v) * 1000 for name, v in out.items()}
 
 
-async def held_streams(url: str, n: int) -> dict[str, Any]:
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=httpx.Limits(max_connections=n)) as client:
-        before = (await client.get("/healthz")).json()
+def _metric_sum(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
-        async def one(i: int) -> bool:
-            body = {**BODY, "program_id": f"held-{i}", "stream": True, "max_tokens": 4}
-            async with client.stream("POST", "/v1/chat/completions", json=body) as r:
-                return r.status_code == 200 and (await r.aread()).endswith(b"data: [DONE]\n\n")
+
+async def burst(url: str, n: int, tag: str) -> dict[str, Any]:
+    """``n`` new programs' streams at once; every one must complete or be refused with a clear status."""
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
+        before = (await client.get("/healthz")).json()
+        failures_before = _metric_sum((await client.get("/metrics")).text, "maitred_worker_failures_total")
+
+        async def one(i: int) -> str:
+            body = {**BODY, "program_id": f"{tag}-{i}", "stream": True, "max_tokens": 4}
+            try:
+                async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                    data = await r.aread()
+                    return "completed" if r.status_code == 200 and data.endswith(b"data: [DONE]\n\n") else f"status_{r.status_code}"
+            except httpx.HTTPError as exc:
+                return type(exc).__name__
         started = time.perf_counter()
-        ok = await asyncio.gather(*(one(i) for i in range(n)))
+        outcomes = await asyncio.gather(*(one(i) for i in range(n)))
         elapsed = time.perf_counter() - started
         metrics = (await client.get("/metrics")).text
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
@@ -174,17 +191,34 @@ async def held_streams(url: str, n: int) -> dict[str, Any]:
             if settled or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.1)
-    held = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-               if line.startswith("maitred_queue_wait_seconds_count"))
-    return {"streams": n, "completed": sum(ok), "seconds": round(elapsed, 2), "admissions_observed": int(held),
+    counts: dict[str, int] = {}
+    for outcome in outcomes:
+        counts[outcome] = counts.get(outcome, 0) + 1
+    return {"streams": n, "completed": counts.pop("completed", 0), "refused": counts, "seconds": round(elapsed, 2),
+            "workers_declared_down": int(_metric_sum(metrics, "maitred_worker_failures_total") - failures_before),
             "left_in_flight": after["requests_in_flight"], "left_held": after["requests_held"],
             "tasks_before": before["tasks"], "tasks_after": after["tasks"]}
 
 
-def load_programs(url: str, n: int) -> None:
+def first_requests(gateway: str, direct: str, n: int, tag: str) -> float:
+    """Median added ms of a new program's first request (a fresh program id each time),
+    interleaved with the same request sent to the worker directly."""
+    gw, dr = [], []
+    with httpx.Client(timeout=60) as client:
+        for i in range(n):
+            started = time.perf_counter()
+            client.post(direct + "/v1/chat/completions", json=BODY).raise_for_status()
+            dr.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            client.post(gateway + "/v1/chat/completions", json={**BODY, "program_id": f"{tag}-{i}"}).raise_for_status()
+            gw.append(time.perf_counter() - started)
+    return (statistics.median(gw) - statistics.median(dr)) * 1000
+
+
+def load_programs(url: str, n: int, first: int = 0) -> None:
     now = time.time()
     lines = []
-    for i in range(n):
+    for i in range(first, first + n):
         pid = f"bulk-{i}"
         lines.append({"type": "program.start", "ts": now, "program_id": pid, "agent": "coder"})
         lines.append({"type": "llm.start", "ts": now, "program_id": pid, "request_id": "r0", "prompt_tokens": 1000 + i % 5000})
@@ -203,11 +237,13 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--duration", type=float, default=8.0, help="seconds of closed-loop load per target")
     parser.add_argument("--programs", type=int, default=100, help="distinct program ids sent to the gateway")
-    parser.add_argument("--streams", type=int, default=1000, help="concurrent held streams")
+    parser.add_argument("--streams", type=int, default=1000, help="new programs' concurrent streams in the burst")
+    parser.add_argument("--burst-large", type=int, default=5000, help="a second, larger burst (0: none)")
+    parser.add_argument("--first", type=int, default=300, help="new programs' first requests timed per fleet size")
     parser.add_argument("--time-scale", type=float, default=1000.0, help="simulated workers run this much faster than a GPU")
     args = parser.parse_args()
 
-    result: dict[str, Any] = {"cores": os.cpu_count()}
+    result: dict[str, Any] = {"cores": os.cpu_count(), "reference_s": reference_s()}
     with ExitStack() as stack:
         workers = start_workers(stack, 2, args.time_scale)
         gateway = start_gateway(stack, workers)
@@ -233,13 +269,25 @@ def main() -> None:
         if router:
             result["sglang_router_requests_per_s"] = round(rps["sglang_router"], 1)
             result["requests_per_s_vs_sglang_router"] = round(rps["gateway"] / rps["sglang_router"], 3)
-        first = ttfb({"direct": workers[0], "gateway": gateway}, 200)
-        result["stream_ttfb_ms_direct_p50"] = round(first["direct"], 3)
-        result["stream_ttfb_ms_gateway_p50"] = round(first["gateway"], 3)
-        result["held_streams"] = asyncio.run(held_streams(gateway, args.streams))
-        print(f"held streams: {result['held_streams']}", file=sys.stderr)
-        load_programs(gateway, 10_000)
-        time.sleep(2.0)  # a few periodic ticks over 10,000 programs
+        ttfbs = ttfb({"direct": workers[0], "gateway": gateway}, 200)
+        result["stream_ttfb_ms_direct_p50"] = round(ttfbs["direct"], 3)
+        result["stream_ttfb_ms_gateway_p50"] = round(ttfbs["gateway"], 3)
+        first: dict[str, float] = {}
+        known = 0
+        for size in (0, 1_000, 10_000):
+            load_programs(gateway, size - known, first=known)
+            known = size
+            time.sleep(2.0)  # a few periodic ticks over them
+            first[str(size)] = round(first_requests(gateway, workers[0], args.first, f"first-{size}"), 3)
+            result.setdefault("first_request_programs_known", []).append(httpx.get(gateway + "/healthz").json()["programs"])
+        print(f"first request, added ms by programs known: {first}", file=sys.stderr)
+        result["first_request_added_ms"] = first
+        result["first_request_ratio_10k_vs_0"] = round(first["10000"] / first["0"], 3) if first["0"] > 0 else None
+        result["burst"] = asyncio.run(burst(gateway, args.streams, "burst"))
+        print(f"burst: {result['burst']}", file=sys.stderr)
+        if args.burst_large:
+            result["burst_large"] = asyncio.run(burst(gateway, args.burst_large, "burst-large"))
+            print(f"large burst: {result['burst_large']}", file=sys.stderr)
         lat10k = latencies({"direct": workers[0], "gateway": gateway}, max(args.requests // 2, 200), args.programs)
         result["programs_in_state"] = httpx.get(gateway + "/healthz").json()["programs"]
         result["added_ms_p50_10k_programs"] = round(float(np.percentile(lat10k["gateway"], 50) - np.percentile(lat10k["direct"], 50)), 3)
