@@ -55,53 +55,48 @@ def _stats(name: str, s: DurationStats) -> dict[str, Any]:
             "max_s": s.hi if s.n else None}
 
 
-def add_admin_routes(app: FastAPI, runtime: LiveDriver, *, token: str | None, max_events_bytes: int,
-                     hook_mapper: tuple[HookMapper | None, type[Exception]] | None = None) -> None:
-    mapper, payload_error = hook_mapper if hook_mapper is not None else claude_code_mapper()
+class _AdminRoutes:
+    """The ingest and introspection endpoints of one gateway (one method each)."""
 
-    def guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
-        async def endpoint(request: Request) -> Response:
-            try:
-                check_token(request, token)
-                return await handler(request)
-            except HTTPProblem as exc:
-                return exc.response()
-        return endpoint
+    def __init__(self, runtime: LiveDriver, *, max_events_bytes: int, mapper: HookMapper | None,
+                 payload_error: type[Exception]) -> None:
+        self.runtime, self.max_events_bytes = runtime, max_events_bytes
+        self.mapper, self.payload_error = mapper, payload_error
 
-    async def events(request: Request) -> Response:
-        raw = await read_body(request, max_events_bytes)
+    async def events(self, request: Request) -> Response:
+        raw = await read_body(request, self.max_events_bytes)
         try:
             batch = loads_batch(raw)
         except EventError as exc:
             raise HTTPProblem(400, str(exc), field=exc.field) from None
         rejected = [{"index": r.index, "field": r.field, "reason": r.reason} for r in batch.rejected]
         if rejected:
-            runtime.metrics.dropped_events.labels("invalid").inc(len(rejected))
+            self.runtime.metrics.dropped_events.labels("invalid").inc(len(rejected))
         if not batch.events:
             message = "no valid event in the batch" if rejected else "body: no events"
             return _json({"accepted": 0, "rejected": rejected, "error": {"message": message, "type": "invalid_request_error"}},
                          400)
-        runtime.ingest(batch.events)
+        self.runtime.ingest(batch.events)
         return _json({"accepted": len(batch.events), "rejected": rejected})
 
-    async def claude_code(request: Request) -> Response:
+    async def claude_code(self, request: Request) -> Response:
         """Claude Code reads an http hook's 2xx body as hook output (for SessionStart and
         UserPromptSubmit, output can reach the model's context), so the body is an empty
         object, which asks nothing of Claude Code; what was recorded travels in headers."""
-        payload = parse_json_object(await read_body(request, max_events_bytes))
-        if mapper is None:
-            runtime.metrics.dropped_events.labels("unmapped_hook").inc()
+        payload = parse_json_object(await read_body(request, self.max_events_bytes))
+        if self.mapper is None:
+            self.runtime.metrics.dropped_events.labels("unmapped_hook").inc()
             return _hook_answer(202, accepted=0, mapped=False)
         try:
-            mapped = mapper(payload, time.time())
-        except payload_error as exc:
+            mapped = self.mapper(payload, time.time())
+        except self.payload_error as exc:
             raise HTTPProblem(400, f"hook payload: {exc}", field="payload") from None
         if mapped:
-            runtime.ingest(mapped)
+            self.runtime.ingest(mapped)
         return _hook_answer(200, accepted=len(mapped), mapped=True)
 
-    async def admit(request: Request) -> Response:
-        body = parse_json_object(await read_body(request, max_events_bytes))
+    async def admit(self, request: Request) -> Response:
+        body = parse_json_object(await read_body(request, self.max_events_bytes))
         unknown = sorted(set(body) - ADMIT_FIELDS)
         if unknown:
             raise HTTPProblem(400, f"{unknown[0]}: unknown field (expected some of {', '.join(sorted(ADMIT_FIELDS))})",
@@ -112,58 +107,70 @@ def add_admin_routes(app: FastAPI, runtime: LiveDriver, *, token: str | None, ma
         except EventError as exc:
             raise HTTPProblem(400, str(exc), field=exc.field) from None
         try:
-            admission = await runtime.admit(start.program_id, request_id=start.request_id, agent=start.agent,
+            admission = await self.runtime.admit(start.program_id, request_id=start.request_id, agent=start.agent,
                                             model=start.model, prompt_tokens=start.prompt_tokens)
         except NoWorkerAvailable as exc:
             raise HTTPProblem(503, str(exc), kind="service_unavailable") from None
         return _json({"program_id": start.program_id, "worker": admission.worker,
                       "waited_s": round(admission.waited_s, 6), "forced": admission.forced})
 
-    async def programs(request: Request) -> Response:
-        return _json(runtime.describe())
+    async def programs(self, request: Request) -> Response:
+        return _json(self.runtime.describe())
 
-    async def program(request: Request) -> Response:
+    async def program(self, request: Request) -> Response:
         pid = request.path_params["program_id"]
-        found = runtime.describe([pid])
+        found = self.runtime.describe([pid])
         if not found:
             raise HTTPProblem(404, f"program_id: no program {pid[:256]!r} is known to the runtime", field="program_id",
                               kind="not_found")
         return _json(found[0])
 
-    async def tool_stats(request: Request) -> Response:
-        history, log = runtime.state.history, runtime.state.predictions
+    async def tool_stats(self, request: Request) -> Response:
+        history, log = self.runtime.state.history, self.runtime.state.predictions
         rows = [_stats(name, s) for name, s in sorted(history.by_tool.items())]
         rows += [{**_stats(name, s), "signature": True} for name, s in sorted(history.by_signature.items())]
         rows.append(_stats("*", history.overall))
         return _json({"tools": rows, "prediction": {"n": log.n, "mae_s": log.mae_s, "within_half_second": log.within_half_second_share}})
 
-    async def journal(request: Request) -> Response:
+    async def journal(self, request: Request) -> Response:
         """The core's decisions as they took effect (``maitred serve --journal``): what the parity
         test compares with the replay's, and a record of why a program ran where it did."""
-        if not runtime.cfg.journal:
+        if not self.runtime.cfg.journal:
             raise HTTPProblem(404, "the journal is off: start maitred serve with --journal", kind="not_found")
         return _json([{"t": e.t, "kind": e.kind, "program_id": e.program_id, "worker": e.worker, "detail": e.detail}
-                      for e in runtime.core.journal])
+                      for e in self.runtime.core.journal])
 
-    async def metrics(request: Request) -> Response:
-        runtime.metrics.observe_state(runtime.state)
-        return Response(runtime.metrics.render(), media_type=CONTENT_TYPE)
+    async def metrics(self, request: Request) -> Response:
+        self.runtime.metrics.observe_state(self.runtime.state)
+        return Response(self.runtime.metrics.render(), media_type=CONTENT_TYPE)
 
-    async def healthz(request: Request) -> Response:
-        workers = {url: w.healthy for url, w in runtime.state.workers.items()}
+    async def healthz(self, request: Request) -> Response:
+        workers = {url: w.healthy for url, w in self.runtime.state.workers.items()}
         ok = any(workers.values())
         return _json({"status": "ok" if ok else "no healthy worker", "workers": workers,
-                      "programs": len(runtime.state.programs), "policy": runtime.scheduler.policy.name,
-                      "requests_in_flight": sum(runtime.inflight.values()), "requests_held": runtime.held_count(),
+                      "programs": len(self.runtime.state.programs), "policy": self.runtime.scheduler.policy.name,
+                      "requests_in_flight": sum(self.runtime.inflight.values()), "requests_held": self.runtime.held_count(),
                       "tasks": len(asyncio.all_tasks())}, 200 if ok else 503)
 
-    app.add_route("/v1/events", guarded(events), methods=["POST"], include_in_schema=False)
-    app.add_route("/v1/hooks/claude-code", guarded(claude_code), methods=["POST"], include_in_schema=False)
-    app.add_route("/v1/admit", guarded(admit), methods=["POST"], include_in_schema=False)
-    app.add_route("/v1/programs", guarded(programs), methods=["GET"], include_in_schema=False)
-    app.add_route("/v1/programs/{program_id:path}", guarded(program), methods=["GET"], include_in_schema=False)
-    app.add_route("/v1/stats/tools", guarded(tool_stats), methods=["GET"], include_in_schema=False)
-    app.add_route("/v1/journal", guarded(journal), methods=["GET"], include_in_schema=False)
-    app.add_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
-    app.add_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
 
+def add_admin_routes(app: FastAPI, runtime: LiveDriver, *, token: str | None, max_events_bytes: int,
+                     hook_mapper: tuple[HookMapper | None, type[Exception]] | None = None) -> None:
+    mapper, payload_error = hook_mapper if hook_mapper is not None else claude_code_mapper()
+    r = _AdminRoutes(runtime, max_events_bytes=max_events_bytes, mapper=mapper, payload_error=payload_error)
+
+    def guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                check_token(request, token)
+                return await handler(request)
+            except HTTPProblem as exc:
+                return exc.response()
+        return endpoint
+
+    for path, handler, method in (("/v1/events", r.events, "POST"), ("/v1/hooks/claude-code", r.claude_code, "POST"),
+                                  ("/v1/admit", r.admit, "POST"), ("/v1/programs", r.programs, "GET"),
+                                  ("/v1/programs/{program_id:path}", r.program, "GET"),
+                                  ("/v1/stats/tools", r.tool_stats, "GET"), ("/v1/journal", r.journal, "GET")):
+        app.add_route(path, guarded(handler), methods=[method], include_in_schema=False)
+    app.add_route("/metrics", r.metrics, methods=["GET"], include_in_schema=False)
+    app.add_route("/healthz", r.healthz, methods=["GET"], include_in_schema=False)

@@ -16,7 +16,6 @@ to the least loaded worker — so a scheduler bug never costs a request.
 
 import asyncio
 import logging
-import math
 import time
 import uuid
 from collections import Counter
@@ -28,13 +27,14 @@ from typing import Any
 import httpx
 
 from maitred.events import Event, Handoff, LLMEnd, ProgramEnd, ToolEnd
+from maitred.gateway.health import WorkerWatch
+from maitred.gateway.live_config import LiveConfig
 from maitred.gateway.metrics import Metrics, Tally, program_counts
 from maitred.gateway.sglang.client import SGLangClient, WorkerProtocolError
 from maitred.gateway.store_writer import StoreWriter
 from maitred.gateway.usage import PromptSize
 from maitred.runtime.core import CoreConfig, Plan, RuntimeCore, StepResult
 from maitred.runtime.decisions import Decision, Warmup
-from maitred.runtime.hicache import WRITE_BACK_BELOW_RATIO, write_back_for
 from maitred.runtime.records import SignalConfig, Tier, WorkerState
 from maitred.runtime.state import RuntimeState, Snapshot
 
@@ -53,31 +53,6 @@ class NoWorkerAvailable(RuntimeError):
 Prompt = str | list[int] | tuple[list[dict[str, Any]], list[dict[str, Any]] | None]
 
 
-@dataclass(frozen=True, slots=True)
-class LiveConfig:
-    policy: str = "maitred"
-    tick_s: float | None = None      # periodic scheduler step (None: the policy's cadence)
-    min_gap_s: float = 0.01          # event-driven steps closer than this are coalesced
-    hold_timeout_s: float | None = None  # bounded wait of a held request (None: the policy's cadence)
-    poll_s: float = 1.0              # worker health and load polling
-    fail_after: int = 3              # failed health checks in a row before a worker is declared down
-    priority: bool = False           # set SGLang's request priority (--radix-eviction-policy priority)
-    priority_epoch_s: float = 10.0   # see maitred.runtime.admission.encode_priority
-    warmups: bool = True
-    journal: bool = False            # keep the core's decisions for GET /v1/journal
-    program_ttl_s: float = 3600.0    # programs silent this long are forgotten (no program.end came)
-    busy_margin: float = SignalConfig().busy_margin              # maitred's GPU-tier sizing (tiering.py)
-    overcommit_headroom: float = SignalConfig().overcommit_headroom
-
-    def __post_init__(self) -> None:
-        for name in ("tick_s", "hold_timeout_s", "poll_s", "priority_epoch_s", "program_ttl_s"):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-        if self.fail_after < 1:
-            raise ValueError("fail_after must be at least 1")
-
-
 @dataclass(slots=True)
 class Admission:
     worker: str
@@ -89,14 +64,6 @@ class Admission:
 class _Held:
     future: "asyncio.Future[str]"
     since: float
-
-
-@dataclass(slots=True)
-class _WorkerHealth:
-    failures: int = 0
-    known: bool = False   # capacity read at least once
-    write_policy: str | None = None   # HiCache's, as /server_info says (None: off, or not said)
-    warned: bool = False  # the write-policy warning was logged
 
 
 @dataclass
@@ -123,7 +90,8 @@ class LiveDriver:
         self.inflight: Counter[str] = Counter()
         self.steps_failed = 0
         self._held: dict[str, list[_Held]] = {}
-        self._health = {url: _WorkerHealth() for url in self.backends}
+        self.watch = WorkerWatch(self.backends, self.state, self.metrics, fail_after=self.cfg.fail_after,
+                                 policy=self.cfg.policy, on_change=self.kick)
         self._prompts: dict[str, Prompt] = {}  # program -> its last prompt (for warmups)
         self._handoff_prompts: dict[str, str] = {}  # consumer program -> a handoff's expected_prompt
         self.last_usage: dict[str, tuple[int, int | None]] = {}  # program -> (prompt, cached) tokens of its last answer
@@ -145,7 +113,7 @@ class LiveDriver:
         polled), then start the scheduler and polling tasks."""
         deadline = time.monotonic() + wait_for_workers_s
         while True:
-            await asyncio.gather(*(self._check(url) for url in self.backends))
+            await self.watch.check_all()
             if any(w.healthy for w in self.state.workers.values()) or time.monotonic() >= deadline:
                 break
             await asyncio.sleep(0.2)
@@ -169,66 +137,16 @@ class LiveDriver:
 
     # -- workers --------------------------------------------------------------------------------
 
-    async def _check(self, url: str) -> None:
-        backend, health, live = self.backends[url], self._health[url], self.state.workers[url]
-        if not await backend.healthy():
-            health.failures += 1
-            if live.healthy and health.failures >= self.cfg.fail_after:
-                self.worker_failed(url, reason="health check")
-            return
-        try:
-            if not health.known or not live.healthy:
-                await self._read_capacity(url)
-            load = await backend.load()
-        except (httpx.HTTPError, WorkerProtocolError) as exc:
-            log.warning("maitred: worker %s answers /health but not %s", url, exc)
-            return
-        health.failures = 0
-        self.state.observe_worker(url, queued_requests=load.waiting, used_tokens=load.used_tokens)
-        if not live.healthy:
-            hicache = f"HiCache {health.write_policy or 'write policy not reported'}" if live.cpu_tokens else "no host cache"
-            log.info("maitred: worker %s is up (%d GPU tokens, %d host tokens, %s)", url, live.gpu_tokens, live.cpu_tokens,
-                     hicache)
-            self.state.set_worker_health(url, True)
-            self.kick()
-
-    async def _read_capacity(self, url: str) -> None:
-        """GPU and host KV capacity, and whether the host pool adds to the GPU's (HiCache
-        write-back) or mirrors it (write-through), from the worker's ``/server_info``. Under
-        maitred, a worker on write-through whose host pool is small enough for maitred to pick
-        write-back (``maitred.runtime.hicache``) is named once in a warning."""
-        backend, health, live = self.backends[url], self._health[url], self.state.workers[url]
-        cap = await backend.capacity()
-        host = cap.host_tokens
-        if host is None:
-            host = await backend.host_capacity() or 0
-        live.gpu_tokens, live.cpu_tokens, live.write_back = cap.gpu_tokens, host, cap.write_back
-        health.known, health.write_policy = True, cap.write_policy
-        ratio = host / cap.gpu_tokens if cap.gpu_tokens else 0.0
-        if self.cfg.policy == "maitred" and host and not cap.write_back and write_back_for(ratio) and not health.warned:
-            health.warned = True
-            log.warning("maitred: worker %s keeps a host KV pool of %.3g GPUs without --hicache-write-policy write_back "
-                        "(%s): host memory mirrors the GPU, so maitred counts only the part beyond the GPU's size; "
-                        "start SGLang with --hicache-write-policy write_back (as maitred sglang-args does for a host "
-                        "pool under %g GPUs) to count all of it, at the cost of an eviction waiting for its copy to "
-                        "host memory", url, ratio, cap.write_policy or "write policy not reported", WRITE_BACK_BELOW_RATIO)
-
     def worker_failed(self, url: str, *, reason: str) -> None:
-        """``url`` is down: its programs lose their KV and become homeless, to be placed on
-        another worker by the next step (which this triggers)."""
-        self.metrics.worker_failures.labels(url).inc()
-        if self.state.workers[url].healthy:
-            log.warning("maitred: worker %s is down (%s); re-placing its programs", url, reason)
-            self.state.set_worker_health(url, False)
-            self._health[url].failures = max(self._health[url].failures, self.cfg.fail_after)
-            self.kick()
+        """``url`` is down (a request to it failed): see ``WorkerWatch.failed``."""
+        self.watch.failed(url, reason=reason)
 
     async def _poll_loop(self) -> None:
         last_sweep = self.clock()
         while True:
             await asyncio.sleep(self.cfg.poll_s)
             try:
-                await asyncio.gather(*(self._check(url) for url in self.backends))
+                await self.watch.check_all()
                 now = self.clock()
                 if now - last_sweep >= min(60.0, self.cfg.program_ttl_s):
                     last_sweep = now
@@ -246,12 +164,6 @@ class LiveDriver:
         """Why no worker can take a request, naming the workers that do not answer."""
         down = [url for url, w in self.state.workers.items() if not w.healthy]
         return NoWorkerAvailable("no healthy worker" + (f" (not answering: {', '.join(down)})" if down else ""))
-
-    def least_loaded(self) -> str:
-        healthy = [url for url, w in self.state.workers.items() if w.healthy]
-        if not healthy:
-            raise self.no_worker()
-        return min(healthy, key=lambda url: (self.inflight[url], self.state.workers[url].queued_requests, url))
 
     # -- requests -------------------------------------------------------------------------------
 

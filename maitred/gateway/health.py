@@ -1,0 +1,94 @@
+"""Which workers are up, and what each can hold: health checks, capacity and load, on the wall clock.
+
+A worker is declared down after ``fail_after`` failed health checks in a row (or at once when a
+request to it fails); its programs then lose their KV and are placed elsewhere by the next step.
+A worker that comes back has its capacity read again (it may have been restarted with other
+flags) before it takes programs.
+"""
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import httpx
+
+from maitred.gateway.metrics import Metrics
+from maitred.gateway.sglang.client import SGLangClient, WorkerProtocolError
+from maitred.runtime.hicache import WRITE_BACK_BELOW_RATIO, write_back_for
+from maitred.runtime.state import RuntimeState
+
+log = logging.getLogger("maitred.service")
+
+
+@dataclass(slots=True)
+class _Health:
+    failures: int = 0
+    known: bool = False   # capacity read at least once
+    write_policy: str | None = None   # HiCache's, as /server_info says (None: off, or not said)
+    warned: bool = False  # the write-policy warning was logged
+
+
+class WorkerWatch:
+    def __init__(self, backends: Mapping[str, SGLangClient], state: RuntimeState, metrics: Metrics, *, fail_after: int,
+                 policy: str, on_change: Callable[[], None]) -> None:
+        self.backends, self.state, self.metrics = backends, state, metrics
+        self.fail_after, self.policy, self.on_change = fail_after, policy, on_change
+        self._health = {url: _Health() for url in backends}
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(url) for url in self.backends))
+
+    async def check(self, url: str) -> None:
+        backend, health, live = self.backends[url], self._health[url], self.state.workers[url]
+        if not await backend.healthy():
+            health.failures += 1
+            if live.healthy and health.failures >= self.fail_after:
+                self.failed(url, reason="health check")
+            return
+        try:
+            if not health.known or not live.healthy:
+                await self._read_capacity(url)
+            load = await backend.load()
+        except (httpx.HTTPError, WorkerProtocolError) as exc:
+            log.warning("maitred: worker %s answers /health but not %s", url, exc)
+            return
+        health.failures = 0
+        self.state.observe_worker(url, queued_requests=load.waiting, used_tokens=load.used_tokens)
+        if not live.healthy:
+            hicache = f"HiCache {health.write_policy or 'write policy not reported'}" if live.cpu_tokens else "no host cache"
+            log.info("maitred: worker %s is up (%d GPU tokens, %d host tokens, %s)", url, live.gpu_tokens, live.cpu_tokens,
+                     hicache)
+            self.state.set_worker_health(url, True)
+            self.on_change()
+
+    async def _read_capacity(self, url: str) -> None:
+        """GPU and host KV capacity, and whether the host pool adds to the GPU's (HiCache
+        write-back) or mirrors it (write-through), from the worker's ``/server_info``. Under
+        maitred, a worker on write-through whose host pool is small enough for maitred to pick
+        write-back (``maitred.runtime.hicache``) is named once in a warning."""
+        backend, health, live = self.backends[url], self._health[url], self.state.workers[url]
+        cap = await backend.capacity()
+        host = cap.host_tokens
+        if host is None:
+            host = await backend.host_capacity() or 0
+        live.gpu_tokens, live.cpu_tokens, live.write_back = cap.gpu_tokens, host, cap.write_back
+        health.known, health.write_policy = True, cap.write_policy
+        ratio = host / cap.gpu_tokens if cap.gpu_tokens else 0.0
+        if self.policy == "maitred" and host and not cap.write_back and write_back_for(ratio) and not health.warned:
+            health.warned = True
+            log.warning("maitred: worker %s keeps a host KV pool of %.3g GPUs without --hicache-write-policy write_back "
+                        "(%s): host memory mirrors the GPU, so maitred counts only the part beyond the GPU's size; "
+                        "start SGLang with --hicache-write-policy write_back (as maitred sglang-args does for a host "
+                        "pool under %g GPUs) to count all of it, at the cost of an eviction waiting for its copy to "
+                        "host memory", url, ratio, cap.write_policy or "write policy not reported", WRITE_BACK_BELOW_RATIO)
+
+    def failed(self, url: str, *, reason: str) -> None:
+        """``url`` is down: its programs lose their KV and become homeless, to be placed on
+        another worker by the next step (which this triggers)."""
+        self.metrics.worker_failures.labels(url).inc()
+        if self.state.workers[url].healthy:
+            log.warning("maitred: worker %s is down (%s); re-placing its programs", url, reason)
+            self.state.set_worker_health(url, False)
+            self._health[url].failures = max(self._health[url].failures, self.fail_after)
+            self.on_change()
