@@ -21,7 +21,7 @@ gateway's whole 1 ms added-latency budget.
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,55 +225,67 @@ class Proxy:
             upstream.close()
             release()
             raise
-        ttft = time.perf_counter() - started
-        scanner = SSEUsage(drop_usage_only=call.injected_usage)
-        outcome = {"ok": True, "recorded": False}
+        piped = _Piped(self, call, worker, upstream, release, time.perf_counter() - started)
+        return _Relay(piped.relay(first, chunks), on_close=piped.close,
+                      media_type=upstream.headers.get("content-type", "text/event-stream"))
 
-        def record() -> None:
-            """Usage into the state before the client sees the end of the stream, so whatever
-            the client does next already finds it there."""
-            if not outcome["recorded"]:
-                outcome["recorded"] = True
-                self._finish(call, worker, scanner.settle(), ttft, ok=outcome["ok"])
-                runtime.metrics.requests.labels(call.endpoint, "ok" if outcome["ok"] else "broken_stream").inc()
 
-        async def relay() -> AsyncIterator[bytes]:
-            try:
-                out = scanner.feed(first)
+class _Piped:
+    """One worker stream passed through to the client: its usage is read on the way and recorded
+    once, before the client sees the end (so whatever the client does next finds it there), or
+    when the stream breaks or the client leaves."""
+
+    def __init__(self, proxy: "Proxy", call: _Call, worker: str, upstream: aiohttp.ClientResponse,
+                 release: Callable[[], None], ttft: float) -> None:
+        self.proxy, self.call, self.worker, self.upstream, self.release, self.ttft = proxy, call, worker, upstream, release, ttft
+        self.scanner = SSEUsage(drop_usage_only=call.injected_usage)
+        self.ok, self.recorded = True, False
+
+    def record(self) -> None:
+        if not self.recorded:
+            self.recorded = True
+            self.proxy._finish(self.call, self.worker, self.scanner.settle(), self.ttft, ok=self.ok)
+            self.proxy.runtime.metrics.requests.labels(self.call.endpoint, "ok" if self.ok else "broken_stream").inc()
+
+    async def relay(self, first: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        scanner = self.scanner
+        try:
+            out = scanner.feed(first)
+            if out:
+                yield out
+            async for chunk in chunks:
+                out = scanner.feed(chunk)
                 if out:
+                    if b"[DONE]" in out:
+                        self.record()
                     yield out
-                async for chunk in chunks:
-                    out = scanner.feed(chunk)
-                    if out:
-                        if b"[DONE]" in out:
-                            record()
-                        yield out
-                rest = scanner.finish()
-                record()
-                if rest:
-                    yield rest
-            except (TimeoutError, *WORKER_DOWN) as exc:
-                outcome["ok"] = False
-                if isinstance(exc, TimeoutError):
-                    text = f"worker {worker} did not finish within {self.cfg.request_timeout_s:.0f} s"
-                else:
-                    runtime.worker_failed(worker, reason=type(exc).__name__)
-                    text = f"worker {worker} failed mid-stream ({type(exc).__name__}); the stream cannot be resumed"
-                record()
-                message = {"error": {"message": text, "type": "worker_failed"}}
-                yield b"data: " + orjson.dumps(message) + b"\n\ndata: [DONE]\n\n"
+            rest = scanner.finish()
+            self.record()
+            if rest:
+                yield rest
+        except (TimeoutError, *WORKER_DOWN) as exc:
+            yield self._broken(exc)
 
-        async def close() -> None:
-            if outcome["ok"] and upstream.content.at_eof():
-                upstream.release()   # read to the end: the connection goes back to the pool
-            else:
-                upstream.close()     # cut short: the worker sees the disconnect and aborts the request
-            release()
-            if not outcome["recorded"]:  # the client went away mid-stream
-                outcome["ok"] = False
-                record()
+    def _broken(self, exc: BaseException) -> bytes:
+        """The stream's last event when the worker failed or timed out under it."""
+        self.ok = False
+        if isinstance(exc, TimeoutError):
+            text = f"worker {self.worker} did not finish within {self.proxy.cfg.request_timeout_s:.0f} s"
+        else:
+            self.proxy.runtime.worker_failed(self.worker, reason=type(exc).__name__)
+            text = f"worker {self.worker} failed mid-stream ({type(exc).__name__}); the stream cannot be resumed"
+        self.record()
+        return b"data: " + orjson.dumps({"error": {"message": text, "type": "worker_failed"}}) + b"\n\ndata: [DONE]\n\n"
 
-        return _Relay(relay(), on_close=close, media_type=upstream.headers.get("content-type", "text/event-stream"))
+    async def close(self) -> None:
+        if self.ok and self.upstream.content.at_eof():
+            self.upstream.release()   # read to the end: the connection goes back to the pool
+        else:
+            self.upstream.close()     # cut short: the worker sees the disconnect and aborts the request
+        self.release()
+        if not self.recorded:  # the client went away mid-stream
+            self.ok = False
+            self.record()
 
 
 class _Relay(StreamingResponse):
