@@ -189,3 +189,57 @@ def test_a_request_refused_for_want_of_workers_leaves_no_program_behind():
             r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=30)
             assert r.status_code == 503 and "no worker" in r.json()["error"]["message"]
         assert httpx.get(server.url + "/v1/programs", timeout=10).json() == []
+
+
+async def _held_driver(sim: SimWorkerThread, client: httpx.AsyncClient) -> LiveDriver:
+    runtime = LiveDriver({sim.url: SGLangClient(sim.url, client)}, LiveConfig(tick_s=0.2, poll_s=0.2))
+    await runtime.start(wait_for_workers_s=10)
+    return runtime
+
+
+@pytest.mark.anyio
+async def test_a_held_request_whose_client_leaves_stops_wanting_the_gpu():
+    """A client that gives up on a held request (a timeout, a closed connection) leaves no program
+    wanting the GPU behind: its step ends cancelled, it blocks no newcomer's admission at
+    arrival and is not placed for a request that is gone."""
+    import asyncio
+
+    with SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=20_000, time_scale=20.0)) as sim:
+        async with httpx.AsyncClient() as client:
+            runtime = await _held_driver(sim, client)
+            try:
+                waiting = asyncio.create_task(runtime.admit("big", request_id="r1", agent=None, model=None,
+                                                            prompt_tokens=50_000))
+                while "big" not in runtime.core.held:
+                    await asyncio.sleep(0.01)
+                waiting.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiting
+                assert runtime.state.programs["big"].phase is Phase.ACTING and "big" not in runtime.core.held
+                small = await runtime.admit("small", request_id="r2", agent=None, model=None, prompt_tokens=100)
+                assert small.worker == sim.url and small.waited_s == 0.0
+            finally:
+                await runtime.stop()
+
+
+@pytest.mark.anyio
+async def test_a_program_that_ends_while_held_has_its_request_let_through():
+    """A late ``program.end`` racing the program's next request: no step can admit a program the
+    state no longer has, so the held request goes at once instead of waiting out the 300 s bound."""
+    import asyncio
+
+    from maitred.events import ProgramEnd
+
+    with SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=20_000, time_scale=20.0)) as sim:
+        async with httpx.AsyncClient() as client:
+            runtime = await _held_driver(sim, client)
+            try:
+                waiting = asyncio.create_task(runtime.admit("big", request_id="r1", agent=None, model=None,
+                                                            prompt_tokens=50_000))
+                while "big" not in runtime.core.held:
+                    await asyncio.sleep(0.01)
+                runtime.ingest([ProgramEnd(ts=runtime.clock(), program_id="big")])
+                admission = await asyncio.wait_for(waiting, 10)
+                assert admission.worker == sim.url and admission.waited_s < 10 and runtime.core.forced == 1
+            finally:
+                await runtime.stop()

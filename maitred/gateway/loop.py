@@ -189,19 +189,19 @@ class LiveDriver:
             self.metrics.queue_wait.observe(0.0)
             return Admission(worker, 0.0)
         if not any(w.healthy for w in self.state.workers.values()):
-            self.core.unhold(program_id)
-            if not known:
-                self.core.discard(program_id)
+            self._refused(program_id, request_id, known=known, store=store)
             raise self.no_worker()
         held = _Held(asyncio.get_running_loop().create_future(), time.monotonic())
         self._held.setdefault(program_id, []).append(held)
         self.kick_soon()
-        forced = False
+        forced = sent = False
         try:
             timeout = max(self.core.hold_deadline(program_id) - self.clock(), 0.0)
-            worker = await asyncio.wait_for(asyncio.shield(held.future), timeout)
-        except TimeoutError:
-            worker, forced = self._force(program_id), True
+            try:
+                worker = await asyncio.wait_for(asyncio.shield(held.future), timeout)
+            except TimeoutError:
+                worker, forced = self._force(program_id), True
+            sent = True
         finally:
             waiters = self._held.get(program_id)
             if waiters is not None:
@@ -209,9 +209,23 @@ class LiveDriver:
                 if not waiters:
                     del self._held[program_id]
                     self.core.unhold(program_id)
+                    if not sent:  # its client gave up, or no worker is left: the program wants the GPU no more
+                        self._refused(program_id, request_id, known=True, store=store)
         waited = time.monotonic() - held.since
         self.metrics.queue_wait.observe(waited)
         return Admission(worker, waited, forced)
+
+    def _refused(self, program_id: str, request_id: str, *, known: bool, store: bool) -> None:
+        """A request that will not be sent: a program it created is forgotten whole; a known one
+        stops wanting the GPU (its ``llm.end``, status ``cancelled``, is stored), so it neither
+        blocks other programs' admission nor gets placed for a request that is gone."""
+        if not known:
+            self.core.discard(program_id)
+            self._forget(program_id)
+            return
+        event = self.core.abandon(program_id, self.clock(), request_id=request_id)
+        if event is not None and store and self.writer is not None:
+            self.writer.submit([event])
 
     def held_count(self) -> int:
         return sum(len(w) for w in self._held.values())
@@ -222,7 +236,6 @@ class LiveDriver:
         if worker is None:
             raise self.no_worker()
         self.metrics.forced.inc()
-        self.kick()
         return worker
 
     def _resolve(self, released: Mapping[str, str]) -> None:
@@ -233,9 +246,11 @@ class LiveDriver:
 
     def remember_prompt(self, program_id: str, prompt: Prompt) -> None:
         """The last prompt of a program: what a warmup replays (chat messages are rendered by the
-        worker's own chat template, ``/v1/tokenize``, when the warmup is sent)."""
-        self._prompts[program_id] = prompt
-        self.core.prompt_seen(program_id)
+        worker's own chat template, ``/v1/tokenize``, when the warmup is sent). Kept only when a
+        warmup can use it (warmups on, and a policy that proposes them)."""
+        if self.core.warms:
+            self._prompts[program_id] = prompt
+            self.core.prompt_seen(program_id)
 
     def priority_for(self, program_id: str, worker: str) -> int | None:
         """SGLang request priority for ``--radix-eviction-policy priority``, or None when off (the core's encoding)."""
@@ -309,11 +324,23 @@ class LiveDriver:
             self.core.observe(e)
             if isinstance(e, ProgramEnd):
                 self._forget(e.program_id)
+                self._let_through(e.program_id)
         self.metrics.events.inc(len(events))
         if self.writer is not None:
             self.writer.submit(events)
         if handoff:
             self.kick_soon()
+
+    def _let_through(self, program_id: str) -> None:
+        """A program that ended while a request of it was held (a late ``program.end`` racing its
+        next request): no step will admit a program the state no longer has, so its requests
+        go now, to the least loaded worker, instead of waiting out the hold bound."""
+        if program_id not in self._held:
+            return
+        try:
+            self._resolve({program_id: self._force(program_id)})
+        except NoWorkerAvailable:
+            pass  # they wait for a worker, and are let through when their bound is reached
 
     def _observe_tool(self, e: ToolEnd) -> None:
         tool = self.state.tool_for(e.program_id, e.call_id)

@@ -23,14 +23,15 @@ Plain data and ``now`` in, decisions out: no I/O, no clock, no threads.
 """
 
 import logging
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from maitred.events import Event, Handoff, LLMStart, ProgramEnd
+from maitred.events import Event, Handoff, LLMEnd, LLMStart, ProgramEnd
 from maitred.runtime.admission import Cadence, encode_priority
 from maitred.runtime.decisions import Decision, Warmup
 from maitred.runtime.policies import Policy
-from maitred.runtime.records import Tier
+from maitred.runtime.records import Phase, Tier
 from maitred.runtime.scheduler import Scheduler, free_after
 from maitred.runtime.state import RuntimeState, Snapshot, View, pending_at
 
@@ -105,13 +106,15 @@ class RuntimeCore:
         self.scheduler = Scheduler(state, policy)
         self.policy = self.scheduler.policy
         self.cadence = self.cfg.cadence(self.policy.cadence)
+        #: whether a driver should keep prompts for warmups: they are on and the policy proposes some
+        self.warms = self.cfg.warmups and self.policy.warms
         self.started_at = started_at
         #: program -> when its oldest held request arrived
         self.held: dict[str, float] = {}
         self.withheld: frozenset[str] = frozenset()
         self.priorities: Mapping[str, int] = {}
         self.ratchet: dict[str, dict[str, int]] = {}   # program -> worker -> highest priority sent
-        self.journal: list[Entry] = []
+        self.journal: deque[Entry] = deque(maxlen=JOURNAL_LIMIT)
         self.forced = 0
         self._prompts: set[str] = set()          # the driver holds the program's last prompt
         self._handoff_prompts: set[str] = set()  # the driver holds a handoff consumer's prompt
@@ -184,6 +187,19 @@ class RuntimeCore:
         if not healthy:
             return None
         return min(healthy, key=lambda w: ((load or {}).get(w, 0), self.state.workers[w].queued_requests, used[w], w))
+
+    def abandon(self, program_id: str, now: float, *, request_id: str = "gateway") -> LLMEnd | None:
+        """A request of ``program_id`` will not be sent (its client left, or no worker is left):
+        its step ends, cancelled, so the program stops wanting the GPU. The event to store, or
+        None when the program is not mid-step."""
+        self.held.pop(program_id, None)
+        p = self.state.programs.get(program_id)
+        if p is None or p.phase is not Phase.REASONING:
+            return None
+        event = LLMEnd(ts=max(now, p.phase_since), program_id=program_id, request_id=request_id,
+                       prompt_tokens=p.context_tokens, completion_tokens=0, status="cancelled")
+        self.state.apply(event)
+        return event
 
     def unhold(self, program_id: str) -> None:
         """The program's held requests left the hold (released, forced, or their client gave up)."""
@@ -305,5 +321,3 @@ class RuntimeCore:
     def _record(self, now: float, kind: str, program_id: str, worker: str, detail: str = "") -> None:
         if self.cfg.journal:
             self.journal.append(Entry(now, kind, program_id, worker, detail))
-            if len(self.journal) > JOURNAL_LIMIT:
-                del self.journal[: len(self.journal) - JOURNAL_LIMIT]

@@ -235,15 +235,16 @@ class WorkerModel(HostCache):
         seg.last = now
         return True
 
-    def warm(self, pid: str, agent: str, tokens: int, prefix_tokens: int, now: float) -> bool:
-        """Prefill ``tokens`` of ``pid``'s next prompt as background work (LOCAL's pre-prefill).
-        The caller has advanced the worker to ``now``."""
+    def warm(self, pid: str, agent: str, tokens: int, prefix_tokens: int, now: float, priority: int | None = None) -> bool:
+        """Prefill ``tokens`` of ``pid``'s next prompt as background work (LOCAL's pre-prefill),
+        with the request priority the gateway sends with a warmup (None: none). The caller has
+        advanced the worker to ``now``."""
         seg = self.segments.get(pid)
         if seg is not None and seg.agent == agent and seg.gpu + prefix_tokens >= tokens:
             return False
         if any(r.program_id == pid for r in self.running) or any(r.program_id == pid for r in self.queue):
             return False
-        req = Request(pid, agent, tokens, 0, now, prefix_tokens, background="warmup")
+        req = Request(pid, agent, tokens, 0, now, prefix_tokens, background="warmup", priority=priority)
         if not self._try_start(req):
             return False
         self.stats.warmups += 1

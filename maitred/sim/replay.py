@@ -167,6 +167,9 @@ class Replay:
         if run.pid in self.consumers:
             self.consumers[run.pid] = req
         self._observe_workers(t)
+        for engine in self.workers.values():  # overtaken by the real request: the warmup is moot (as live)
+            engine.cancel_warmup(run.pid)
+        self.core.warming(run.pid, False)
         worker = self.core.arrive(run.pid, ts, agent=step.agent, prompt_tokens=step.input_tokens).worker
         self.core.prompt_seen(run.pid)
         if worker is not None:
@@ -191,14 +194,17 @@ class Replay:
             return
         del self.held[req.program_id]
         self._observe_workers(t)
-        worker = self.core.force(req.program_id, t)
+        worker = self.core.force(req.program_id, t, load=self._in_flight())
         assert worker is not None, "the simulated workers never fail"
         self._submit(worker, req, t)
 
+    def _in_flight(self) -> dict[str, int]:
+        """Foreground requests running or queued per worker: what the gateway counts in flight."""
+        return {wid: sum(1 for r in w.running if r.background is None) + w.queued_foreground()
+                for wid, w in self.workers.items()}
+
     def _submit(self, wid: str, req: Request, t: float) -> None:
         worker = self.workers[wid]
-        worker.cancel_warmup(req.program_id)
-        self.core.warming(req.program_id, False)
         priority = self.core.priority_for(req.program_id, wid, t)
         if priority is not None:
             req.priority = priority
@@ -329,10 +335,12 @@ class Replay:
             touched.add(warm.worker)
             if warm.kind == "load_back":
                 worker.promote(warm.program_id, t)
-            else:
+            elif worker.warm(warm.program_id, warm.agent or "agent", warm.tokens,
+                             self.trace.prefix_tokens.get(warm.agent or "", 0), t,
+                             self.core.priority_for(warm.program_id, warm.worker, t)):
                 self.core.warming(warm.program_id, True)
-                worker.warm(warm.program_id, warm.agent or "agent", warm.tokens,
-                            self.trace.prefix_tokens.get(warm.agent or "", 0), t)
+                if warm.kind == "handoff":
+                    self.core.handoff_warmed(warm.program_id)
         for pid, wid in result.released.items():
             req = self.held.pop(pid, None)
             if req is not None:

@@ -24,6 +24,11 @@ class Policy(Protocol):
     name: str
     cadence: Cadence
 
+    @property
+    def warms(self) -> bool:
+        """Whether the policy ever proposes warmups (a driver keeps prompts only then)."""
+        ...
+
     def step(self, view: View) -> Decision: ...
 
     def admit_at_arrival(self, view: View, program_id: str) -> Decision | None:

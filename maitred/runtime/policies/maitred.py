@@ -37,6 +37,11 @@ class Maitred:
     def __init__(self, *, preprefill: bool = True) -> None:
         self.preprefill = preprefill
 
+    @property
+    def warms(self) -> bool:
+        """Whether the policy proposes warmups (LOCAL's pre-prefill), so a driver keeps prompts."""
+        return self.preprefill
+
     def step(self, view: View) -> Decision:
         planned, ceilings = _sized(view)
         overdue = _overdue(planned)

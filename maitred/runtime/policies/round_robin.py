@@ -16,6 +16,7 @@ from maitred.runtime.state import View
 
 class RoundRobin:
     name = "round_robin"
+    warms = False   # proposes no warmups
     #: the router has no period and no hold; a request that finds no healthy worker waits for one
     cadence = Cadence(period_s=1.0, hold_s=1800.0)
 

@@ -19,6 +19,7 @@ from maitred.runtime.state import View
 
 class Tao:
     name = "tao"
+    warms = False   # proposes no warmups
     cadence = Cadence(period_s=1.0, hold_s=1800.0)
 
     def admit_at_arrival(self, view: View, program_id: str) -> Decision | None:

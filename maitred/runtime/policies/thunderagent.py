@@ -69,6 +69,7 @@ def _mark_ended(p: ProgramState) -> bool:
 
 class ThunderAgent:
     name = "thunderagent"
+    warms = False   # proposes no warmups
     cadence = Cadence(period_s=5.0, hold_s=1800.0)   # config.py scheduler_interval; router.py _wait_for_resume
 
     def step(self, view: View) -> Decision:
