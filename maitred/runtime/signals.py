@@ -6,6 +6,7 @@ Pure functions of plain data and an explicit ``now``; nothing here reads a clock
 
 import math
 from dataclasses import dataclass
+from itertools import islice
 
 from maitred.runtime.history import ToolHistory
 from maitred.runtime.records import OpenTool, Phase, ProgramState, SignalConfig
@@ -23,8 +24,7 @@ def idleness(p: ProgramState, now: float, cycles: int) -> float:
         reason += open_for
     else:
         act += open_for
-    for i in range(1, min(cycles - 1, len(p.cycles)) + 1):
-        r, a = p.cycles[-i]
+    for r, a in islice(reversed(p.cycles), cycles - 1):  # newest first; every program, every step
         reason += r
         act += a
     total = reason + act
