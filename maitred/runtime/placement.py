@@ -210,20 +210,21 @@ def applicable_prefix(assignments: tuple[Assignment, ...], view: View, free: dic
 
 def candidates_for_placement(view: View, tiers: dict[str, Tier], free: dict[str, int]) -> tuple[list[ProgramState], dict[str, str]]:
     """TAO's waiting pool: new programs, dropped (waiting) programs and returning host-tier
-    programs that no longer fit at home — each only when it wants the GPU."""
+    programs that no longer fit at home — each only when it wants the GPU (asked last: it may
+    predict a tool's end, which most programs, at home in the GPU tier, never need)."""
     reserve = view.cfg.reserve_tokens
     out, reason = [], {}
     for p in view.programs.values():
-        if not wants_gpu(p, view):
-            continue
         tier = tiers.get(p.program_id, p.tier)
         if p.home_worker is None or p.home_worker not in free:
-            out.append(p)
-            reason[p.program_id] = "new" if p.home_worker is None else "failover"
+            why = "new" if p.home_worker is None else "failover"
         elif tier is Tier.WAITING:
-            out.append(p)
-            reason[p.program_id] = "waiting"
+            why = "waiting"
         elif tier is Tier.CPU and p.weight(reserve) > free[p.home_worker]:
+            why = "returning"
+        else:
+            continue
+        if wants_gpu(p, view):
             out.append(p)
-            reason[p.program_id] = "returning"
+            reason[p.program_id] = why
     return out, reason

@@ -41,7 +41,7 @@ def propose(view: View, assignments: tuple[Assignment, ...]) -> list[Warmup]:
         if priority > 0:
             proposals.append(Warmup(h.program_id, worker, tokens, "handoff", priority, h.to_agent))
     for pid, p in view.programs.items():
-        if p.phase is Phase.REASONING or view.signals[pid].readiness.r != 1 or p.tier is Tier.GPU:
+        if p.phase is Phase.REASONING or p.tier is Tier.GPU or view.signals[pid].readiness.r != 1:
             continue
         worker = assigned.get(pid, p.home_worker)
         if worker is None:

@@ -16,6 +16,7 @@ changed costs a handful of copies and one dict copy.
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -57,10 +58,25 @@ MAX_LATE_TOOLS = 10_000
 MAX_ENDED = 100_000
 
 
-@dataclass(frozen=True, slots=True)
 class ProgramSignals:
-    idleness: float
-    readiness: Readiness
+    """A program's signals at one moment: idleness at once (every step ranks every program by
+    it), readiness when first read. Predicting a tool's end is the costliest signal and a step
+    reads it only for programs it might place, promote or warm (in bench_scheduler, a quarter of
+    them). It is computed from the program as it is then, so a view of the live state is read
+    before the state changes (the simulator's step; the gateway plans on a snapshot)."""
+
+    __slots__ = ("idleness", "_program", "_predict", "_readiness")
+
+    def __init__(self, idleness: float, program: ProgramState, predict: Callable[[ProgramState], Readiness]) -> None:
+        self.idleness = idleness
+        self._program, self._predict = program, predict
+        self._readiness: Readiness | None = None
+
+    @property
+    def readiness(self) -> Readiness:
+        if self._readiness is None:
+            self._readiness = self._predict(self._program)
+        return self._readiness
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,13 +96,19 @@ class View:
         return [w for w in self.workers.values() if w.healthy]
 
 
+def _predictor(history: ToolHistory, now: float, cfg: SignalConfig, use_signature: bool) -> Callable[[ProgramState], Readiness]:
+    """Readiness at ``now`` as a function of the program alone: one per step, shared by all."""
+    return partial(readiness, history=history, now=now, cfg=cfg, use_signature=use_signature)
+
+
 def program_signals(p: ProgramState, history: ToolHistory, now: float, cfg: SignalConfig, use_signature: bool) -> ProgramSignals:
-    return ProgramSignals(idleness(p, now, cfg.idleness_cycles), readiness(p, history, now, cfg, use_signature=use_signature))
+    return ProgramSignals(idleness(p, now, cfg.idleness_cycles), p, _predictor(history, now, cfg, use_signature))
 
 
 def compute_signals(programs: Mapping[str, ProgramState], history: ToolHistory, now: float, cfg: SignalConfig,
                     use_signature: bool) -> dict[str, ProgramSignals]:
-    return {pid: program_signals(p, history, now, cfg, use_signature) for pid, p in programs.items()}
+    predict, cycles = _predictor(history, now, cfg, use_signature), cfg.idleness_cycles
+    return {pid: ProgramSignals(idleness(p, now, cycles), p, predict) for pid, p in programs.items()}
 
 
 class LazySignals(Mapping[str, ProgramSignals]):
