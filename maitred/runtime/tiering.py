@@ -17,7 +17,7 @@ now and does not fit squeezes out the most idle acting GPU programs that are mor
 copy stays on its home worker and promotion brings it back there (affinity).
 """
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -39,15 +39,19 @@ class TierPlan:
     tiers: dict[str, Tier] = field(default_factory=dict)
     lazy: set[str] = field(default_factory=set)
     by_worker: dict[str, list[ProgramState]] = field(default_factory=lambda: defaultdict(list))
-    _tokens: dict[str, Counter[Tier]] = field(default_factory=lambda: defaultdict(Counter), repr=False)
-    _lazy_tokens: dict[str, Counter[Tier]] = field(default_factory=lambda: defaultdict(Counter), repr=False)
+    _tokens: dict[str, dict[Tier, int]] = field(default_factory=dict, repr=False)
+    _lazy_tokens: dict[str, dict[Tier, int]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        workers, reserve = self.view.workers, self.view.cfg.reserve_tokens
+        self._tokens = {w: dict.fromkeys(Tier, 0) for w in workers}
+        self._lazy_tokens = {w: dict.fromkeys(Tier, 0) for w in workers}
         for p in self.view.programs.values():
-            if p.home_worker is not None and p.home_worker in self.view.workers:
-                self.by_worker[p.home_worker].append(p)
+            home = p.home_worker
+            if home is not None and home in workers:
+                self.by_worker[home].append(p)
                 self.tiers[p.program_id] = p.tier
-                self._tokens[p.home_worker][p.tier] += self.weight(p)
+                self._tokens[home][p.tier] += p.weight(reserve)
                 if p.lazy_demote and p.tier is Tier.GPU:  # marked in an earlier step, still mid-step
                     self.mark_lazy(p)
 
@@ -61,10 +65,9 @@ class TierPlan:
         """Tokens in ``tier`` on the worker; ``lazy=False`` leaves out programs marked for lazy
         demotion (they leave when their step ends, so they do not count against the cap), but
         their KV is still there: room for newcomers counts them."""
-        tokens = self._tokens[worker_id][tier] if worker_id in self._tokens else 0
-        if not lazy and worker_id in self._lazy_tokens:
-            tokens -= self._lazy_tokens[worker_id][tier]
-        return tokens
+        if worker_id not in self._tokens:
+            return 0
+        return self._tokens[worker_id][tier] - (0 if lazy else self._lazy_tokens[worker_id][tier])
 
     def gpu_free(self) -> dict[str, int]:
         """GPU tokens free for newcomers on each healthy worker once these moves are done."""
@@ -166,10 +169,10 @@ def working_set_capacity(view: View) -> dict[str, TierCapacity]:
     SWE-agent C = 80 ×1, where a few percent of overcommit thrashes; headroom 0 loses 7% on
     synthetic C = 80 ×1 (BENCHMARKS.md, "Tuning", has the commands).
     """
-    reserve, cfg = view.cfg.reserve_tokens, view.cfg
+    reserve, cfg, gpu = view.cfg.reserve_tokens, view.cfg, Tier.GPU  # an enum member read per program is slow on 3.11
     tokens = busy = 0.0
     for p in view.programs.values():
-        if p.tier is Tier.GPU and p.home_worker in view.workers:
+        if p.tier is gpu and p.home_worker in view.workers:
             weight = p.weight(reserve)
             tokens += weight
             busy += weight * (1 - view.signals[p.program_id].idleness)
@@ -236,8 +239,9 @@ def _shed(plan: TierPlan, worker: WorkerState, over: int, packing: bool) -> int:
     tiers, iota, weight = plan.tiers, plan.iota, plan.weight
     rank = (lambda p: -iota(p) / max(weight(p), 1)) if packing else (lambda p: -iota(p))
     handing = {h.program_id for h in plan.view.handoffs} if packing else set()
-    gpu = sorted((p for p in plan.by_worker[worker.worker_id] if tiers[p.program_id] is Tier.GPU),
-                 key=lambda p: (p.program_id in handing, rank(p)))
+    on_gpu = Tier.GPU  # an enum member read per program is slow on 3.11
+    gpu = sorted((p for p in plan.by_worker[worker.worker_id] if tiers[p.program_id] is on_gpu),
+                 key=(lambda p: (p.program_id in handing, rank(p))) if handing else rank)  # no handoff: rank alone
     for p in gpu:
         if over <= 0:
             break
