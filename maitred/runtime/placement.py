@@ -213,14 +213,15 @@ def candidates_for_placement(view: View, tiers: dict[str, Tier], free: dict[str,
     programs that no longer fit at home — each only when it wants the GPU (asked last: it may
     predict a tool's end, which most programs, at home in the GPU tier, never need)."""
     reserve = view.cfg.reserve_tokens
+    waiting, cpu = Tier.WAITING, Tier.CPU  # an enum member read per program is slow on 3.11
     out, reason = [], {}
     for p in view.programs.values():
         tier = tiers.get(p.program_id, p.tier)
         if p.home_worker is None or p.home_worker not in free:
             why = "new" if p.home_worker is None else "failover"
-        elif tier is Tier.WAITING:
+        elif tier is waiting:
             why = "waiting"
-        elif tier is Tier.CPU and p.weight(reserve) > free[p.home_worker]:
+        elif tier is cpu and p.weight(reserve) > free[p.home_worker]:
             why = "returning"
         else:
             continue

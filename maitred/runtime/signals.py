@@ -11,6 +11,10 @@ from itertools import islice
 from maitred.runtime.history import ToolHistory
 from maitred.runtime.records import OpenTool, Phase, ProgramState, SignalConfig
 
+#: ``Phase.REASONING``, read once: an enum member read off its class is slow on Python 3.11, and
+#: ``idleness`` runs for every program at every step.
+_REASONING = Phase.REASONING
+
 
 def idleness(p: ProgramState, now: float, cycles: int) -> float:
     """Share of the last ``cycles`` reason/act cycles (the open one included) spent acting.
@@ -20,7 +24,7 @@ def idleness(p: ProgramState, now: float, cycles: int) -> float:
     """
     reason, act = p.open_reason_s, p.open_act_s
     open_for = max(now - p.phase_since, 0.0)
-    if p.phase is Phase.REASONING:
+    if p.phase is _REASONING:
         reason += open_for
     else:
         act += open_for
