@@ -45,13 +45,13 @@ class Maitred:
         rest = place(planned, [p for p in candidates if p.program_id not in placed], left, reason=reason)
         placement = replace(rest, assignments=first.assignments + rest.assignments,
                             fallback=first.fallback or rest.fallback)
+        planned_tiers = final_tiers(view, tiers.moves, placement.assignments)
         warmups: tuple[Warmup, ...] = ()
         if self.preprefill:
             left = _after(view, rest.assignments, left)
-            planned_tiers = final_tiers(view, tiers.moves, placement.assignments)
             warmups = admit(view, propose(view, placement.assignments), left, planned_tiers)
         decision = finish(self.name, view, moves=tiers.moves, assignments=placement.assignments, warmups=warmups,
-                          dp_fallback=placement.fallback if candidates else None)
+                          dp_fallback=placement.fallback if candidates else None, tiers=planned_tiers)
         return replace(decision, tier_tokens={w.worker_id: w.gpu_tokens for w in planned.healthy_workers()})
 
     def admit_at_arrival(self, view: View, program_id: str) -> Decision | None:
