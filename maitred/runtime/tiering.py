@@ -235,23 +235,27 @@ def _plan_worker(plan: TierPlan, worker_id: str, promote_waiting: bool, packing:
 
 def _shed(plan: TierPlan, worker: WorkerState, over: int, packing: bool) -> int:
     """Demote acting GPU programs, most idle first, until ``over`` tokens have left; then mark
-    reasoning ones for lazy demotion. Returns the tokens still over."""
+    reasoning ones for lazy demotion. Returns the tokens still over. Each group is ranked only
+    once it is reached (a stable sort of a group keeps the order it had in a sort of both)."""
     tiers, iota, weight = plan.tiers, plan.iota, plan.weight
     rank = (lambda p: -iota(p) / max(weight(p), 1)) if packing else (lambda p: -iota(p))
     handing = {h.program_id for h in plan.view.handoffs} if packing else set()
-    on_gpu = Tier.GPU  # an enum member read per program is slow on 3.11
-    gpu = sorted((p for p in plan.by_worker[worker.worker_id] if tiers[p.program_id] is on_gpu),
-                 key=(lambda p: (p.program_id in handing, rank(p))) if handing else rank)  # no handoff: rank alone
-    for p in gpu:
+    key = (lambda p: (p.program_id in handing, rank(p))) if handing else rank  # no handoff: rank alone
+    on_gpu, reasoning = Tier.GPU, Phase.REASONING  # an enum member read per program is slow on 3.11
+    acting: list[ProgramState] = []
+    thinking: list[ProgramState] = []
+    for p in plan.by_worker[worker.worker_id]:
+        if tiers[p.program_id] is on_gpu:
+            (thinking if p.phase is reasoning else acting).append(p)
+    for p in sorted(acting, key=key):
+        if over <= 0:
+            return over
+        plan.demote(p, worker)
+        over -= weight(p)
+    for p in sorted(thinking, key=key) if over > 0 else ():
         if over <= 0:
             break
-        if p.phase is not Phase.REASONING:
-            plan.demote(p, worker)
-            over -= weight(p)
-    for p in gpu:
-        if over <= 0:
-            break
-        if p.phase is Phase.REASONING and tiers[p.program_id] is Tier.GPU and p.program_id not in plan.lazy:
+        if tiers[p.program_id] is on_gpu and p.program_id not in plan.lazy:
             plan.moves.append(TierMove(p.program_id, worker.worker_id, Tier.GPU, Tier.CPU, lazy=True))
             plan.mark_lazy(p)
             over -= weight(p)
