@@ -36,6 +36,7 @@ from maitred.events import (
 )
 from maitred.runtime.decisions import Decision
 from maitred.runtime.history import DurationStats, PredictionLog, StatsRow, ToolHistory
+from maitred.runtime.idleness_table import IdlenessInputs, IdlenessTable
 from maitred.runtime.records import (
     OpenTool,
     PendingHandoff,
@@ -106,9 +107,14 @@ def program_signals(p: ProgramState, history: ToolHistory, now: float, cfg: Sign
 
 
 def compute_signals(programs: Mapping[str, ProgramState], history: ToolHistory, now: float, cfg: SignalConfig,
-                    use_signature: bool) -> dict[str, ProgramSignals]:
-    predict, cycles = _predictor(history, now, cfg, use_signature), cfg.idleness_cycles
-    return {pid: ProgramSignals(idleness(p, now, cycles), p, predict) for pid, p in programs.items()}
+                    use_signature: bool, table: IdlenessInputs | None = None) -> dict[str, ProgramSignals]:
+    """``table``: the programs' idleness inputs (a snapshot's), for idleness all at once."""
+    predict = _predictor(history, now, cfg, use_signature)
+    if table is None:
+        cycles = cfg.idleness_cycles
+        return {pid: ProgramSignals(idleness(p, now, cycles), p, predict) for pid, p in programs.items()}
+    values, slots = table.at(now), table.slots
+    return {pid: ProgramSignals(values[slots[pid]], p, predict) for pid, p in programs.items()}
 
 
 class LazySignals(Mapping[str, ProgramSignals]):
@@ -148,11 +154,12 @@ class Snapshot:
     agent_prefix_tokens: Mapping[str, int]
     cfg: SignalConfig
     use_signature: bool
+    idleness: IdlenessInputs
 
     def view(self, now: float) -> View:
         return View(
             now=now, programs=self.programs, workers=self.workers,
-            signals=compute_signals(self.programs, self.history, now, self.cfg, self.use_signature),
+            signals=compute_signals(self.programs, self.history, now, self.cfg, self.use_signature, self.idleness),
             adapter_versions=self.adapter_versions, handoffs=pending_at(self.handoffs, now),
             agent_prefix_tokens=self.agent_prefix_tokens, cfg=self.cfg,
         )
@@ -218,6 +225,7 @@ class RuntimeState:
         self.tier_tokens: dict[str, int] = {}
         self.agent_prefix_tokens: dict[str, int] = {}
         self._copies: dict[str, ProgramState] = {}
+        self._idleness = IdlenessTable(self.cfg.idleness_cycles)  # the copies' idleness inputs
         self._history_copy: ToolHistory | None = None
         self._late_tools: OrderedDict[tuple[str, str], OpenTool] = OrderedDict()
         self._ended: OrderedDict[str, float] = OrderedDict()
@@ -545,8 +553,10 @@ class RuntimeState:
             p = self.programs.get(pid)
             if p is None:
                 self._copies.pop(pid, None)
+                self._idleness.drop(pid)
             else:
-                self._copies[pid] = _copy_program(p)
+                copy = self._copies[pid] = _copy_program(p)
+                self._idleness.put(copy)
         dirty.clear()
         if self._history_copy is None:
             self._history_copy = _copy_history(self.history)
@@ -554,7 +564,7 @@ class RuntimeState:
             programs=MappingProxyType(dict(self._copies)), workers=MappingProxyType({k: replace(w) for k, w in self.workers.items()}),
             history=self._history_copy, adapter_versions=MappingProxyType(dict(self.adapter_versions)),
             handoffs=tuple(self.handoffs), agent_prefix_tokens=MappingProxyType(dict(self.agent_prefix_tokens)),
-            cfg=self.cfg, use_signature=self.use_signature,
+            cfg=self.cfg, use_signature=self.use_signature, idleness=self._idleness.inputs(),
         )
 
 
