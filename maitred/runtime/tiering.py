@@ -187,7 +187,8 @@ def working_set_capacity(view: View) -> dict[str, TierCapacity]:
 
 
 def plan_tiers(view: View, *, promote_waiting: bool, packing: bool = False, displace: bool = False,
-               ceilings: Mapping[str, int] | None = None, held_back: Mapping[str, int] | None = None) -> TierPlan:
+               ceilings: Mapping[str, int] | None = None, held_back: Mapping[str, int] | None = None,
+               plan: TierPlan | None = None) -> TierPlan:
     """``promote_waiting``: also bring dropped programs back at home (MORI alone); maitred
     leaves them to TAO placement, which may find them a better worker.
 
@@ -210,8 +211,12 @@ def plan_tiers(view: View, *, promote_waiting: bool, packing: bool = False, disp
 
     ``held_back``: per worker, GPU-tier tokens promotions leave free (maitred holds them for
     overdue programs that placement brings in).
+
+    ``plan``: ``TierPlan(view)`` with no moves yet, when the caller built it already (maitred
+    reads its free room first): building one walks every program.
     """
-    plan = TierPlan(view)
+    if plan is None:
+        plan = TierPlan(view)
     for worker_id in list(plan.by_worker):
         ceiling = ceilings.get(worker_id) if ceilings else None
         _plan_worker(plan, worker_id, promote_waiting, packing, displace, ceiling,

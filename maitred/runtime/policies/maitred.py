@@ -34,9 +34,9 @@ class Maitred:
 
     def step(self, view: View) -> Decision:
         planned, ceilings = _sized(view)
-        overdue = _overdue(planned)
+        overdue, start = _overdue(planned), TierPlan(planned)
         tiers = plan_tiers(planned, promote_waiting=False, packing=True, ceilings=ceilings,
-                           held_back=_room_for(planned, overdue))
+                           held_back=_room_for(planned, overdue, start.gpu_free()), plan=start)
         free = tiers.gpu_free()
         candidates, reason = candidates_for_placement(planned, tiers.tiers, free)
         first = place(planned, overdue, free, reason=reason)
@@ -99,12 +99,11 @@ def _overdue(view: View) -> list[ProgramState]:
                    and (p.home_worker not in view.workers or p.tier is waiting)), key=lambda p: p.phase_since)
 
 
-def _room_for(view: View, programs: list[ProgramState]) -> dict[str, int]:
+def _room_for(view: View, programs: list[ProgramState], room: dict[str, int]) -> dict[str, int]:
     """GPU-tier tokens to keep free per worker for ``programs``, each on the worker that has
-    the most room left for it."""
-    if not programs:
-        return {}
-    room, held = TierPlan(view).gpu_free(), dict[str, int]()
+    the most ``room`` (free GPU-tier tokens before this step's moves; taken from as it goes)
+    left for it."""
+    held = dict[str, int]()
     for p in programs:
         if not room:
             break
