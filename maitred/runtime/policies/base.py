@@ -62,8 +62,9 @@ def final_tiers(view: View, moves: Iterable[TierMove], assignments: Iterable[Ass
 def priorities(view: View, tiers: Mapping[str, Tier]) -> dict[str, int]:
     """SGLang request priority for ``--radix-eviction-policy priority`` (higher = evicted
     later): GPU-tier programs above host-tier ones, and within a tier the less idle higher."""
-    base = {Tier.GPU: 100, Tier.CPU: 0, Tier.WAITING: -100}
-    return {pid: base[tiers[pid]] + 100 - round(100 * view.signals[pid].idleness) for pid in view.programs}
+    top = {Tier.GPU: 200, Tier.CPU: 100, Tier.WAITING: 0}  # each tier's band is the 100 below
+    signals = view.signals
+    return {pid: top[tiers[pid]] - round(100 * signals[pid].idleness) for pid in view.programs}
 
 
 def finish(
