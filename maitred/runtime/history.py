@@ -127,14 +127,19 @@ class HistoryHit:
 
 
 class ToolHistory:
-    """Per-signature, per-tool and global duration statistics."""
+    """Per-signature, per-tool and global duration statistics.
+
+    ``lookup`` answers are kept until the next ``record`` or ``seed``, the two ways the
+    statistics change: a step asks once per open tool call, for a handful of tools."""
 
     def __init__(self) -> None:
         self.by_signature: dict[str, DurationStats] = {}
         self.by_tool: dict[str, DurationStats] = {}
         self.overall = DurationStats()
+        self._hits: dict[tuple[str, str | None, int, bool], HistoryHit | None] = {}
 
     def record(self, tool: str, signature: str | None, duration: float) -> None:
+        self._hits.clear()
         self.by_tool.setdefault(tool, DurationStats()).add(duration)
         if signature:
             self.by_signature.setdefault(signature, DurationStats()).add(duration)
@@ -143,6 +148,7 @@ class ToolHistory:
     def seed(self, rows: Iterable[StatsRow], *, signatures: bool = False) -> None:
         """Start from stored history (``SessionStore.tool_stats_all``); the ``*`` row seeds the
         global statistics. Recorded calls then update the seeded moments."""
+        self._hits.clear()
         for row in rows:
             stats = DurationStats.seeded(row.n, row.mean_s, row.std_s, row.min_s, row.max_s)
             if row.tool == "*":
@@ -155,6 +161,12 @@ class ToolHistory:
 
     def lookup(self, tool: str, signature: str | None, min_n: int, *, use_signature: bool = True) -> HistoryHit | None:
         """Signature history when it has ``min_n`` calls, else the tool's, else the global (≥ 2)."""
+        key = (tool, signature, min_n, use_signature)
+        if key not in self._hits:
+            self._hits[key] = self._find(tool, signature, min_n, use_signature)
+        return self._hits[key]
+
+    def _find(self, tool: str, signature: str | None, min_n: int, use_signature: bool) -> HistoryHit | None:
         if use_signature and signature:
             stats = self.by_signature.get(signature)
             if stats is not None and stats.n >= min_n:
