@@ -21,6 +21,8 @@ def idleness(p: ProgramState, now: float, cycles: int) -> float:
 
     Ranked, never compared with a threshold; maitred also sums ``1 − ι`` over programs as the
     expected busy share (``tiering.working_set_capacity``). No history yet: 0 (treated as busy).
+    A snapshot's view computes the same, for all programs at once, in ``idleness_table``: a
+    change here goes there too (``tests/test_idleness_table.py`` holds the two equal).
     """
     reason, act = p.open_reason_s, p.open_act_s
     open_for = max(now - p.phase_since, 0.0)
