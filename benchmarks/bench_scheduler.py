@@ -4,6 +4,12 @@ Programs are in a realistic mix (60% acting in a tool with history, 25% reasonin
 a human, 10% just returned), spread over 8 workers whose GPU tier is ~10% oversubscribed and
 with new arrivals every step, so tiering, placement and pre-prefill all have work. Each size is
 stepped repeatedly with the state advancing between steps; the figure is the median step time.
+
+A step is the one the gateway runs (``maitred.gateway.loop``): ``snapshot()`` on the event
+loop, then ``view`` (every program's signals), ``plan`` and ``free_after`` in its thread, then
+``apply`` (the re-check against the live state) back on the loop. The median of each part is
+reported beside the whole. ``reference_s`` times a fixed pure-Python workload in the same run,
+so that figures from machines of different speed (or a loaded one) can be compared.
 Also: DP against BFD on the same placement instances, and how often the DP fell back to BFD.
 
     python benchmarks/bench_scheduler.py [--steps 30]
@@ -18,9 +24,11 @@ import time
 from maitred.events import LLMEnd, LLMStart, ProgramStart, ProgramWait, ToolEnd, ToolStart
 from maitred.runtime import RuntimeState, Scheduler, SignalConfig, WorkerState
 from maitred.runtime.placement import Item, solve_bfd, solve_dp
+from maitred.runtime.scheduler import free_after
 
 WORKERS = 8
 T0 = 1_000_000.0
+PARTS = ("snapshot", "view", "plan", "free_after", "apply")
 
 
 def build(n: int, rng: random.Random) -> RuntimeState:
@@ -67,21 +75,55 @@ def churn(st: RuntimeState, rng: random.Random, now: float, step: int) -> None:
         st.apply(LLMStart(ts=now, program_id=pid, agent="coder", request_id="r0", prompt_tokens=int(rng.lognormvariate(8.5, 0.5))))
 
 
-def measure(n: int, steps: int, seed: int) -> tuple[float, int, int]:
+def gateway_step(st: RuntimeState, sched: Scheduler, now: float) -> dict[str, float]:
+    """One step as the gateway runs it; milliseconds spent in each part."""
+    marks = [time.perf_counter()]
+    snapshot = st.snapshot()
+    marks.append(time.perf_counter())
+    view = snapshot.view(now)
+    marks.append(time.perf_counter())
+    decision = sched.plan(view)
+    marks.append(time.perf_counter())
+    free = free_after(decision, view)
+    marks.append(time.perf_counter())
+    sched.apply(decision, view, free)
+    marks.append(time.perf_counter())
+    return {part: (marks[i + 1] - marks[i]) * 1000 for i, part in enumerate(PARTS)}
+
+
+def measure(n: int, steps: int, seed: int) -> tuple[float, dict[str, float], int, int]:
+    """Median step time and median of each part (ms), steps with placement, BFD fallbacks."""
     rng = random.Random(seed)
     st = build(n, rng)
     sched = Scheduler(st, "maitred")
-    sched.tick(T0 - 1)  # the initial placement of every program: a cold start, not a step
+    gateway_step(st, sched, T0 - 1)  # the initial placement of every program: a cold start, not a step
     sched.dp_steps = sched.dp_fallbacks = 0
-    times = []
+    totals: list[float] = []
+    parts: dict[str, list[float]] = {part: [] for part in PARTS}
     now = T0
     for step in range(steps):
         churn(st, rng, now, step)
-        began = time.perf_counter()
-        sched.tick(now)
-        times.append((time.perf_counter() - began) * 1000)
+        spent = gateway_step(st, sched, now)
+        totals.append(sum(spent.values()))
+        for part, ms in spent.items():
+            parts[part].append(ms)
         now += 1.0
-    return statistics.median(times), sched.dp_steps, sched.dp_fallbacks
+    return (statistics.median(totals), {part: round(statistics.median(ms), 2) for part, ms in parts.items()},
+            sched.dp_steps, sched.dp_fallbacks)
+
+
+def reference(rounds: int = 5) -> float:
+    """Seconds a fixed pure-Python workload (sorting, dict building, a generator sum) takes on
+    this machine now, the fastest of ``rounds``: a slower or loaded machine shows in it."""
+    rng = random.Random(0)
+    values = [rng.random() for _ in range(200_000)]
+    best = float("inf")
+    for _ in range(rounds):
+        began = time.perf_counter()
+        table = {i: x for i, x in enumerate(sorted(values))}
+        sum(x for x in table.values() if x > 0.5)
+        best = min(best, time.perf_counter() - began)
+    return best
 
 
 def dp_vs_bfd(rng: random.Random, instances: int = 200) -> tuple[float, float, float]:
@@ -107,19 +149,26 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    ref_s = reference()
     p50: dict[str, float] = {}
+    parts_p50: dict[str, dict[str, float]] = {}
     dp_steps = fallbacks = 0
     for n in (100, 1_000, 10_000):
-        ms, steps, fb = measure(n, args.steps if n < 10_000 else max(5, args.steps // 3), args.seed)
+        ms, parts, steps, fb = measure(n, args.steps if n < 10_000 else max(5, args.steps // 3), args.seed)
         p50[f"{n}x{WORKERS}"] = round(ms, 2)
+        parts_p50[f"{n}x{WORKERS}"] = parts
         dp_steps += steps
         fallbacks += fb
-        print(f"{n:>6} programs x {WORKERS} workers: step p50 {ms:.2f} ms ({steps} steps with placement, {fb} fell back to BFD)")
+        print(f"{n:>6} programs x {WORKERS} workers: step p50 {ms:.2f} ms "
+              f"({', '.join(f'{part} {v:.2f}' for part, v in parts.items())}; "
+              f"{steps} steps with placement, {fb} fell back to BFD)")
     dp_ms, bfd_ms, dp_share = dp_vs_bfd(random.Random(args.seed))
     print(f"placement of 2-6 candidates on {WORKERS} workers: DP p50 {dp_ms:.2f} ms, BFD p50 {bfd_ms:.3f} ms, "
           f"DP within budget {dp_share:.0%}")
+    ref_s = min(ref_s, reference())  # before and after the steps: load that came and went shows less
     print(json.dumps({"step_ms_p50": p50, "bfd_fallback_share": round(fallbacks / max(dp_steps, 1), 3),
-                      "dp_ms_p50": round(dp_ms, 3), "bfd_ms_p50": round(bfd_ms, 3)}))
+                      "dp_ms_p50": round(dp_ms, 3), "bfd_ms_p50": round(bfd_ms, 3),
+                      "parts_ms_p50": parts_p50, "reference_s": round(ref_s, 4)}))
 
 
 if __name__ == "__main__":

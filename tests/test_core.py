@@ -71,7 +71,13 @@ def test_a_new_programs_first_request_walks_no_program(policy):
 
 def test_the_totals_follow_every_change_the_state_makes():
     """The incremental totals equal a fresh count after events, decisions and a worker failure."""
-    from maitred.runtime.totals import WorkerTotals, totals_of
+    from maitred.runtime.totals import Totals, WorkerTotals, share_of
+
+    def totals_of(programs, reserve: int) -> Totals:  # the straightforward count, afresh
+        out = Totals()
+        for p in programs.values():
+            out.add(share_of(p, reserve), +1)
+        return out
 
     st = state([("w0", 50_000, 0), ("w1", 50_000, 0)], [program(f"p{i}", tokens=1_000 * i, home=f"w{i % 2}",
                                                                  tier=Tier.GPU) for i in range(1, 9)])

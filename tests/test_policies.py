@@ -261,6 +261,7 @@ def test_the_plan_recheck_holds_maitreds_assignments_to_the_tier_it_planned():
         decision = sched.plan(planned)
         assert [a.program_id for a in decision.assignments] == ["new"] and decision.tier_tokens == {"w0": 24_000}
         st_.programs["i0"].context_tokens += grow
+        st_.touch("i0")  # a direct change to a program record is announced, as the state's own handlers do
         return sched.apply(decision, planned)
 
     assert [a.program_id for a in plan(0).assignments] == ["new"]

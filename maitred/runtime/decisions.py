@@ -22,6 +22,9 @@ class TierMove:
     src: Tier
     dst: Tier
     lazy: bool = False
+    #: a lazy move's step, by its start as planned (ThunderAgent's mark: paused when *that*
+    #: request ends, even if another began before the plan was applied); None: the live one
+    since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

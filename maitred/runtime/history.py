@@ -6,6 +6,7 @@ call. A bounded window of recent durations is kept beside them for the one quest
 cannot answer: "how long do calls that have already run for e seconds usually take?"
 """
 
+import bisect
 import functools
 import math
 from collections import deque
@@ -47,11 +48,16 @@ class DurationStats:
     lo: float = math.inf
     hi: float = -math.inf
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
-    # Sorted recent durations with running sums, built on demand: a suffix query in O(log n).
-    _sorted: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
+    # Built on demand, dropped by ``add``: the sorted recent durations with suffix sums and the
+    # moments of each suffix asked for (a suffix query in O(log n)), and the upper estimate by
+    # confidence. A step predicts the end of every open call of a tool from the same few of
+    # these, so each is computed once per change of the history instead of once per program.
+    _sorted: "_Suffixes | None" = field(default=None, repr=False, compare=False)
+    _upper: dict[float, float] = field(default_factory=dict, repr=False, compare=False)
 
     def add(self, duration: float) -> None:
         self._sorted = None
+        self._upper.clear()
         self.n += 1
         delta = duration - self.mean
         self.mean += delta / self.n
@@ -72,24 +78,46 @@ class DurationStats:
         """Conservative duration: mean + t·s/√n, clipped to the observed [min, max]."""
         if self.n == 0:
             raise ValueError("no durations recorded")
-        bound = self.mean + t_quantile(confidence, self.n - 1) * self.std / math.sqrt(self.n) if self.n > 1 else self.mean
-        return min(max(bound, self.lo), self.hi)
+        upper = self._upper.get(confidence)
+        if upper is None:
+            bound = self.mean + t_quantile(confidence, self.n - 1) * self.std / math.sqrt(self.n) if self.n > 1 else self.mean
+            upper = self._upper[confidence] = min(max(bound, self.lo), self.hi)
+        return upper
 
     def longer_than(self, elapsed: float) -> "DurationStats | None":
-        """Moments of the recent calls that ran longer than ``elapsed`` (None when there are none)."""
+        """Moments of the recent calls that ran longer than ``elapsed`` (None when there are none).
+        They depend only on how many of those calls there are, so each answer is kept until the
+        next ``add`` and handed to every caller alike: read it, never ``add`` to it."""
         if self._sorted is None:
             ordered = np.sort(np.fromiter(self.recent, dtype=float))
             # Suffix sums (ordered[i:].sum()) of values and squares; index len is the empty suffix.
-            self._sorted = (ordered, np.append(np.cumsum(ordered[::-1])[::-1], 0.0),
-                            np.append(np.cumsum((ordered**2)[::-1])[::-1], 0.0))
-        ordered, sums, squares = self._sorted
-        i = int(np.searchsorted(ordered, elapsed, side="right"))
-        n = len(ordered) - i
+            self._sorted = _Suffixes(ordered.tolist(), np.append(np.cumsum(ordered[::-1])[::-1], 0.0),
+                                     np.append(np.cumsum((ordered**2)[::-1])[::-1], 0.0))
+        table = self._sorted
+        i = bisect.bisect_right(table.ordered, elapsed)
+        if i not in table.moments:
+            table.moments[i] = table.moments_from(i)
+        return table.moments[i]
+
+
+@dataclass(slots=True)
+class _Suffixes:
+    """The recent durations in order (a list: ``bisect`` on it is far cheaper than numpy's
+    search for one value), the sums of each suffix and of its squares, and the moments of the
+    suffixes computed so far, by where they start."""
+
+    ordered: list[float]
+    sums: np.ndarray
+    squares: np.ndarray
+    moments: dict[int, DurationStats | None] = field(default_factory=dict)
+
+    def moments_from(self, i: int) -> DurationStats | None:
+        n = len(self.ordered) - i
         if n == 0:
             return None
-        mean = sums[i] / n
-        return DurationStats(n=n, mean=float(mean), m2=float(max(squares[i] - n * mean * mean, 0.0)),
-                             lo=float(ordered[i]), hi=float(ordered[-1]))
+        mean = self.sums[i] / n
+        return DurationStats(n=n, mean=float(mean), m2=float(max(self.squares[i] - n * mean * mean, 0.0)),
+                             lo=self.ordered[i], hi=self.ordered[-1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,14 +127,19 @@ class HistoryHit:
 
 
 class ToolHistory:
-    """Per-signature, per-tool and global duration statistics."""
+    """Per-signature, per-tool and global duration statistics.
+
+    ``lookup`` answers are kept until the next ``record`` or ``seed``, the two ways the
+    statistics change: a step asks once per open tool call, for a handful of tools."""
 
     def __init__(self) -> None:
         self.by_signature: dict[str, DurationStats] = {}
         self.by_tool: dict[str, DurationStats] = {}
         self.overall = DurationStats()
+        self._hits: dict[tuple[str, str | None, int, bool], HistoryHit | None] = {}
 
     def record(self, tool: str, signature: str | None, duration: float) -> None:
+        self._hits.clear()
         self.by_tool.setdefault(tool, DurationStats()).add(duration)
         if signature:
             self.by_signature.setdefault(signature, DurationStats()).add(duration)
@@ -115,6 +148,7 @@ class ToolHistory:
     def seed(self, rows: Iterable[StatsRow], *, signatures: bool = False) -> None:
         """Start from stored history (``SessionStore.tool_stats_all``); the ``*`` row seeds the
         global statistics. Recorded calls then update the seeded moments."""
+        self._hits.clear()
         for row in rows:
             stats = DurationStats.seeded(row.n, row.mean_s, row.std_s, row.min_s, row.max_s)
             if row.tool == "*":
@@ -127,6 +161,12 @@ class ToolHistory:
 
     def lookup(self, tool: str, signature: str | None, min_n: int, *, use_signature: bool = True) -> HistoryHit | None:
         """Signature history when it has ``min_n`` calls, else the tool's, else the global (≥ 2)."""
+        key = (tool, signature, min_n, use_signature)
+        if key not in self._hits:
+            self._hits[key] = self._find(tool, signature, min_n, use_signature)
+        return self._hits[key]
+
+    def _find(self, tool: str, signature: str | None, min_n: int, use_signature: bool) -> HistoryHit | None:
         if use_signature and signature:
             stats = self.by_signature.get(signature)
             if stats is not None and stats.n >= min_n:

@@ -11,6 +11,7 @@ the DP creates, so the worst case is bounded: a step never spends more than that
 """
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -189,16 +190,22 @@ def place(view: View, candidates: list[ProgramState], free: dict[str, int], *, r
     return Placement(assignments, fallback)
 
 
-def applicable_prefix(assignments: tuple[Assignment, ...], view: View, free: dict[str, int]) -> tuple[Assignment, ...]:
+def applicable_prefix(assignments: tuple[Assignment, ...], view: View, free: dict[str, int],
+                      moved: Mapping[str, Tier] | None = None) -> tuple[Assignment, ...]:
     """TAO's re-check before applying a plan computed on an older snapshot: walk the plan in
     order and stop at the first step whose program changed (signature), left, became
-    ineligible, or no longer fits its worker's live free tokens."""
+    ineligible, or no longer fits its worker's live free tokens. ``moved``: the tier the plan's
+    own moves, applied first, gave a program (a program the plan demotes and then places
+    elsewhere has not changed)."""
     left = dict(free)
     out: list[Assignment] = []
     for a in assignments:
         p = view.programs.get(a.program_id)
         worker = view.workers.get(a.worker)
-        if p is None or worker is None or not worker.healthy or signature(p) != a.signature:
+        expected = a.signature
+        if moved and a.program_id in moved:
+            expected = expected[:2] + (moved[a.program_id],) + expected[3:]  # signature()'s tier
+        if p is None or worker is None or not worker.healthy or signature(p) != expected:
             break
         weight = p.weight(view.cfg.reserve_tokens)
         if weight > left.get(a.worker, 0):
@@ -210,20 +217,22 @@ def applicable_prefix(assignments: tuple[Assignment, ...], view: View, free: dic
 
 def candidates_for_placement(view: View, tiers: dict[str, Tier], free: dict[str, int]) -> tuple[list[ProgramState], dict[str, str]]:
     """TAO's waiting pool: new programs, dropped (waiting) programs and returning host-tier
-    programs that no longer fit at home — each only when it wants the GPU."""
+    programs that no longer fit at home — each only when it wants the GPU (asked last: it may
+    predict a tool's end, which most programs, at home in the GPU tier, never need)."""
     reserve = view.cfg.reserve_tokens
+    waiting, cpu = Tier.WAITING, Tier.CPU  # an enum member read per program is slow on 3.11
     out, reason = [], {}
     for p in view.programs.values():
-        if not wants_gpu(p, view):
-            continue
         tier = tiers.get(p.program_id, p.tier)
         if p.home_worker is None or p.home_worker not in free:
+            why = "new" if p.home_worker is None else "failover"
+        elif tier is waiting:
+            why = "waiting"
+        elif tier is cpu and p.weight(reserve) > free[p.home_worker]:
+            why = "returning"
+        else:
+            continue
+        if wants_gpu(p, view):
             out.append(p)
-            reason[p.program_id] = "new" if p.home_worker is None else "failover"
-        elif tier is Tier.WAITING:
-            out.append(p)
-            reason[p.program_id] = "waiting"
-        elif tier is Tier.CPU and p.weight(reserve) > free[p.home_worker]:
-            out.append(p)
-            reason[p.program_id] = "returning"
+            reason[p.program_id] = why
     return out, reason

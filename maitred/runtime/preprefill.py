@@ -40,8 +40,9 @@ def propose(view: View, assignments: tuple[Assignment, ...]) -> list[Warmup]:
         priority = preprefill_priority(missing, consumers=h.consumers, confidence=confidence, heat=1.0, cfg=cfg)
         if priority > 0:
             proposals.append(Warmup(h.program_id, worker, tokens, "handoff", priority, h.to_agent))
+    reasoning, gpu = Phase.REASONING, Tier.GPU  # an enum member read per program is slow on 3.11
     for pid, p in view.programs.items():
-        if p.phase is Phase.REASONING or view.signals[pid].readiness.r != 1 or p.tier is Tier.GPU:
+        if p.phase is reasoning or p.tier is gpu or view.signals[pid].readiness.r != 1:
             continue
         worker = assigned.get(pid, p.home_worker)
         if worker is None:

@@ -76,7 +76,9 @@ class Scheduler:
         assignments: tuple[Assignment, ...] = ()
         if decision.assignments:
             free = planned_free if planned_free is not None else free_after(decision, planned)
-            assignments = applicable_prefix(decision.assignments, now_view, _budgets(decision, planned, free, self.state))
+            moved = {m.program_id: m.dst for m in moves if not m.lazy}
+            assignments = applicable_prefix(decision.assignments, now_view, _budgets(decision, planned, free, self.state),
+                                            moved)
         self.voided += len(decision.assignments) - len(assignments)
         self.state.apply_decision(replace(decision, tier_moves=(), assignments=assignments))
         healthy = {w for w, s in self.state.workers.items() if s.healthy}
@@ -97,14 +99,11 @@ def free_after(decision: Decision, planned: View) -> dict[str, int]:
     """GPU-tier tokens free on each healthy worker of the snapshot once the decision's tier moves
     are made (before its assignments): the room the plan had to place programs in. The tier is
     the size the policy planned with (``Decision.tier_tokens``), else the worker's GPU."""
-    reserve = planned.cfg.reserve_tokens
+    reserve, gpu = planned.cfg.reserve_tokens, Tier.GPU  # an enum member read per program is slow on 3.11
     planned_free = {w.worker_id: decision.tier_tokens.get(w.worker_id, w.gpu_tokens) for w in planned.healthy_workers()}
-    tiers = {pid: p.tier for pid, p in planned.programs.items()}
-    for m in decision.tier_moves:
-        if not m.lazy and m.program_id in tiers:
-            tiers[m.program_id] = m.dst
+    moved = {m.program_id: m.dst for m in decision.tier_moves if not m.lazy}  # a program's last move stands
     for p in planned.programs.values():
-        if tiers[p.program_id] is Tier.GPU and p.home_worker in planned_free:
+        if moved.get(p.program_id, p.tier) is gpu and p.home_worker in planned_free:
             planned_free[p.home_worker] -= p.weight(reserve)
     return planned_free
 

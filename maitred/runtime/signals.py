@@ -6,9 +6,14 @@ Pure functions of plain data and an explicit ``now``; nothing here reads a clock
 
 import math
 from dataclasses import dataclass
+from itertools import islice
 
 from maitred.runtime.history import ToolHistory
 from maitred.runtime.records import OpenTool, Phase, ProgramState, SignalConfig
+
+#: ``Phase.REASONING``, read once: an enum member read off its class is slow on Python 3.11, and
+#: ``idleness`` runs for every program at every step.
+_REASONING = Phase.REASONING
 
 
 def idleness(p: ProgramState, now: float, cycles: int) -> float:
@@ -16,15 +21,16 @@ def idleness(p: ProgramState, now: float, cycles: int) -> float:
 
     Ranked, never compared with a threshold; maitred also sums ``1 − ι`` over programs as the
     expected busy share (``tiering.working_set_capacity``). No history yet: 0 (treated as busy).
+    A snapshot's view computes the same, for all programs at once, in ``idleness_table``: a
+    change here goes there too (``tests/test_idleness_table.py`` holds the two equal).
     """
     reason, act = p.open_reason_s, p.open_act_s
     open_for = max(now - p.phase_since, 0.0)
-    if p.phase is Phase.REASONING:
+    if p.phase is _REASONING:
         reason += open_for
     else:
         act += open_for
-    for i in range(1, min(cycles - 1, len(p.cycles)) + 1):
-        r, a = p.cycles[-i]
+    for r, a in islice(reversed(p.cycles), cycles - 1):  # newest first; every program, every step
         reason += r
         act += a
     total = reason + act

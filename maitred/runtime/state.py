@@ -16,6 +16,7 @@ changed costs a handful of copies and one dict copy.
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -35,6 +36,7 @@ from maitred.events import (
 )
 from maitred.runtime.decisions import Decision
 from maitred.runtime.history import DurationStats, PredictionLog, StatsRow, ToolHistory
+from maitred.runtime.idleness_table import IdlenessInputs, IdlenessTable
 from maitred.runtime.records import (
     OpenTool,
     PendingHandoff,
@@ -46,7 +48,7 @@ from maitred.runtime.records import (
     WorkerState,
 )
 from maitred.runtime.signals import Readiness, idleness, predict_end, readiness
-from maitred.runtime.totals import Totals, TotalsKeeper, totals_of
+from maitred.runtime.totals import Totals, TotalsKeeper
 
 #: A handoff's messages are counted at roughly this many characters per token when no count is given.
 CHARS_PER_TOKEN = 4
@@ -58,10 +60,25 @@ MAX_LATE_TOOLS = 10_000
 MAX_ENDED = 100_000
 
 
-@dataclass(frozen=True, slots=True)
 class ProgramSignals:
-    idleness: float
-    readiness: Readiness
+    """A program's signals at one moment: idleness at once (every step ranks every program by
+    it), readiness when first read. Predicting a tool's end is the costliest signal and a step
+    reads it only for programs it might place, promote or warm (in bench_scheduler, a quarter of
+    them). It is computed from the program as it is then, so a view of the live state is read
+    before the state changes (the simulator's step; the gateway plans on a snapshot)."""
+
+    __slots__ = ("idleness", "_program", "_predict", "_readiness")
+
+    def __init__(self, idleness: float, program: ProgramState, predict: Callable[[ProgramState], Readiness]) -> None:
+        self.idleness = idleness
+        self._program, self._predict = program, predict
+        self._readiness: Readiness | None = None
+
+    @property
+    def readiness(self) -> Readiness:
+        if self._readiness is None:
+            self._readiness = self._predict(self._program)
+        return self._readiness
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,13 +104,24 @@ class View:
         return [w for w in self.workers.values() if w.healthy]
 
 
+def _predictor(history: ToolHistory, now: float, cfg: SignalConfig, use_signature: bool) -> Callable[[ProgramState], Readiness]:
+    """Readiness at ``now`` as a function of the program alone: one per step, shared by all."""
+    return partial(readiness, history=history, now=now, cfg=cfg, use_signature=use_signature)
+
+
 def program_signals(p: ProgramState, history: ToolHistory, now: float, cfg: SignalConfig, use_signature: bool) -> ProgramSignals:
-    return ProgramSignals(idleness(p, now, cfg.idleness_cycles), readiness(p, history, now, cfg, use_signature=use_signature))
+    return ProgramSignals(idleness(p, now, cfg.idleness_cycles), p, _predictor(history, now, cfg, use_signature))
 
 
 def compute_signals(programs: Mapping[str, ProgramState], history: ToolHistory, now: float, cfg: SignalConfig,
-                    use_signature: bool) -> dict[str, ProgramSignals]:
-    return {pid: program_signals(p, history, now, cfg, use_signature) for pid, p in programs.items()}
+                    use_signature: bool, table: IdlenessInputs | None = None) -> dict[str, ProgramSignals]:
+    """``table``: the programs' idleness inputs (a snapshot's), for idleness all at once."""
+    predict = _predictor(history, now, cfg, use_signature)
+    if table is None:
+        cycles = cfg.idleness_cycles
+        return {pid: ProgramSignals(idleness(p, now, cycles), p, predict) for pid, p in programs.items()}
+    values, slots = table.at(now), table.slots
+    return {pid: ProgramSignals(values[slots[pid]], p, predict) for pid, p in programs.items()}
 
 
 class LazySignals(Mapping[str, ProgramSignals]):
@@ -135,14 +163,16 @@ class Snapshot:
     use_signature: bool
     tier_tokens: Mapping[str, int]
     assignments_made: int
+    idleness: IdlenessInputs
+    totals: Totals
 
     def view(self, now: float) -> View:
         return View(
             now=now, programs=self.programs, workers=self.workers,
-            signals=compute_signals(self.programs, self.history, now, self.cfg, self.use_signature),
+            signals=compute_signals(self.programs, self.history, now, self.cfg, self.use_signature, self.idleness),
             adapter_versions=self.adapter_versions, handoffs=pending_at(self.handoffs, now),
             agent_prefix_tokens=self.agent_prefix_tokens, cfg=self.cfg,
-            totals=totals_of(self.programs, self.cfg.reserve_tokens), tier_tokens=self.tier_tokens,
+            totals=self.totals, tier_tokens=self.tier_tokens,
             assignments_made=self.assignments_made,
         )
 
@@ -216,6 +246,7 @@ class RuntimeState:
         self._totals = TotalsKeeper(self.cfg.reserve_tokens)
         self._totals.changed = self.programs.changed
         self._copies: dict[str, ProgramState] = {}
+        self._idleness = IdlenessTable(self.cfg.idleness_cycles)  # the copies' idleness inputs
         self._history_copy: ToolHistory | None = None
         self._late_tools: OrderedDict[tuple[str, str], OpenTool] = OrderedDict()
         self._ended: OrderedDict[str, float] = OrderedDict()
@@ -493,7 +524,7 @@ class RuntimeState:
             self.touch(move.program_id)
             if move.lazy:
                 if not p.lazy_demote:
-                    p.lazy_demote, p.lazy_since = True, p.phase_since
+                    p.lazy_demote, p.lazy_since = True, p.phase_since if move.since is None else move.since
             else:
                 p.tier, p.lazy_demote = move.dst, False
         for a in decision.assignments:
@@ -531,17 +562,23 @@ class RuntimeState:
             p = self.programs.get(pid)
             if p is None:
                 self._copies.pop(pid, None)
+                self._idleness.drop(pid)
             else:
-                self._copies[pid] = _copy_program(p)
+                copy = self._copies[pid] = _copy_program(p)
+                self._idleness.put(copy)
         dirty.clear()
         if self._history_copy is None:
             self._history_copy = _copy_history(self.history)
+        # in the live table's order (not the dirty set's, which follows string hashes and so differs
+        # between processes): the step must tie-break alike in the gateway and the replay, every run
+        copies = self._copies
         return Snapshot(
-            programs=MappingProxyType(dict(self._copies)), workers=MappingProxyType({k: replace(w) for k, w in self.workers.items()}),
+            programs=MappingProxyType({pid: copies[pid] for pid in self.programs}),
+            workers=MappingProxyType({k: replace(w) for k, w in self.workers.items()}),
             history=self._history_copy, adapter_versions=MappingProxyType(dict(self.adapter_versions)),
             handoffs=tuple(self.handoffs), agent_prefix_tokens=MappingProxyType(dict(self.agent_prefix_tokens)),
             cfg=self.cfg, use_signature=self.use_signature, tier_tokens=MappingProxyType(dict(self.tier_tokens)),
-            assignments_made=self.assignments_made,
+            assignments_made=self.assignments_made, idleness=self._idleness.inputs(), totals=self.totals().copy(),
         )
 
 

@@ -28,21 +28,32 @@ from maitred.runtime.state import View
 
 @dataclass
 class TierPlan:
-    """The moves decided so far, and the tier every homed program will be in after them."""
+    """The moves decided so far, and the tier every homed program will be in after them.
+
+    Tokens per worker and tier (all programs, and those marked for lazy demotion) are kept up
+    to date as moves are made: planning asks after every move, and summing a worker's programs
+    for each question made a step quadratic in the programs per worker."""
 
     view: View
     moves: list[TierMove] = field(default_factory=list)
     tiers: dict[str, Tier] = field(default_factory=dict)
     lazy: set[str] = field(default_factory=set)
     by_worker: dict[str, list[ProgramState]] = field(default_factory=lambda: defaultdict(list))
+    _tokens: dict[str, dict[Tier, int]] = field(default_factory=dict, repr=False)
+    _lazy_tokens: dict[str, dict[Tier, int]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        workers, reserve = self.view.workers, self.view.cfg.reserve_tokens
+        self._tokens = {w: dict.fromkeys(Tier, 0) for w in workers}
+        self._lazy_tokens = {w: dict.fromkeys(Tier, 0) for w in workers}
         for p in self.view.programs.values():
-            if p.home_worker is not None and p.home_worker in self.view.workers:
-                self.by_worker[p.home_worker].append(p)
+            home = p.home_worker
+            if home is not None and home in workers:
+                self.by_worker[home].append(p)
                 self.tiers[p.program_id] = p.tier
+                self._tokens[home][p.tier] += p.weight(reserve)
                 if p.lazy_demote and p.tier is Tier.GPU:  # marked in an earlier step, still mid-step
-                    self.lazy.add(p.program_id)
+                    self.mark_lazy(p)
 
     def weight(self, p: ProgramState) -> int:
         return p.weight(self.view.cfg.reserve_tokens)
@@ -54,16 +65,26 @@ class TierPlan:
         """Tokens in ``tier`` on the worker; ``lazy=False`` leaves out programs marked for lazy
         demotion (they leave when their step ends, so they do not count against the cap), but
         their KV is still there: room for newcomers counts them."""
-        return sum(self.weight(p) for p in self.by_worker[worker_id]
-                   if self.tiers[p.program_id] is tier and (lazy or p.program_id not in self.lazy))
+        if worker_id not in self._tokens:
+            return 0
+        return self._tokens[worker_id][tier] - (0 if lazy else self._lazy_tokens[worker_id][tier])
 
     def gpu_free(self) -> dict[str, int]:
         """GPU tokens free for newcomers on each healthy worker once these moves are done."""
         return {w.worker_id: w.gpu_tokens - self.used(w.worker_id, Tier.GPU) for w in self.view.healthy_workers()}
 
     def move(self, p: ProgramState, worker_id: str, dst: Tier) -> None:
-        self.moves.append(TierMove(p.program_id, worker_id, self.tiers[p.program_id], dst))
+        src, home = self.tiers[p.program_id], _home(p)
+        self.moves.append(TierMove(p.program_id, worker_id, src, dst))
         self.tiers[p.program_id] = dst
+        for tokens in (self._tokens, self._lazy_tokens) if p.program_id in self.lazy else (self._tokens,):
+            tokens[home][src] -= self.weight(p)
+            tokens[home][dst] += self.weight(p)
+
+    def mark_lazy(self, p: ProgramState) -> None:
+        """Count ``p`` as leaving the GPU when its step ends (MORI's lazy demotion)."""
+        self.lazy.add(p.program_id)
+        self._lazy_tokens[_home(p)][self.tiers[p.program_id]] += self.weight(p)
 
     def demote(self, p: ProgramState, worker: WorkerState) -> None:
         self.move(p, worker.worker_id, Tier.CPU if self.weight(p) <= worker.cpu_tokens else Tier.WAITING)
@@ -94,11 +115,19 @@ class TierPlan:
     def fix_host(self, worker_id: str) -> None:
         worker = self.view.workers[worker_id]
         over = self.used(worker_id, Tier.CPU) - worker.cpu_tokens
+        if over <= 0:  # the usual case: nothing to rank
+            return
         for p in sorted((p for p in self.by_worker[worker_id] if self.tiers[p.program_id] is Tier.CPU), key=lambda p: -self.iota(p)):
             if over <= 0:
                 break
             self.move(p, worker_id, Tier.WAITING)
             over -= self.weight(p)
+
+
+def _home(p: ProgramState) -> str:
+    """The worker a program in the plan is counted on (only homed programs are in it)."""
+    assert p.home_worker is not None, f"{p.program_id} has no home"
+    return p.home_worker
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,10 +169,10 @@ def working_set_capacity(view: View) -> dict[str, TierCapacity]:
     SWE-agent C = 80 ×1, where a few percent of overcommit thrashes; headroom 0 loses 7% on
     synthetic C = 80 ×1 (BENCHMARKS.md, "Tuning", has the commands).
     """
-    reserve, cfg = view.cfg.reserve_tokens, view.cfg
+    reserve, cfg, gpu = view.cfg.reserve_tokens, view.cfg, Tier.GPU  # an enum member read per program is slow on 3.11
     tokens = busy = 0.0
     for p in view.programs.values():
-        if p.tier is Tier.GPU and p.home_worker in view.workers:
+        if p.tier is gpu and p.home_worker in view.workers:
             weight = p.weight(reserve)
             tokens += weight
             busy += weight * (1 - view.signals[p.program_id].idleness)
@@ -158,7 +187,8 @@ def working_set_capacity(view: View) -> dict[str, TierCapacity]:
 
 
 def plan_tiers(view: View, *, promote_waiting: bool, packing: bool = False, displace: bool = False,
-               ceilings: Mapping[str, int] | None = None, held_back: Mapping[str, int] | None = None) -> TierPlan:
+               ceilings: Mapping[str, int] | None = None, held_back: Mapping[str, int] | None = None,
+               plan: TierPlan | None = None) -> TierPlan:
     """``promote_waiting``: also bring dropped programs back at home (MORI alone); maitred
     leaves them to TAO placement, which may find them a better worker.
 
@@ -181,8 +211,12 @@ def plan_tiers(view: View, *, promote_waiting: bool, packing: bool = False, disp
 
     ``held_back``: per worker, GPU-tier tokens promotions leave free (maitred holds them for
     overdue programs that placement brings in).
+
+    ``plan``: ``TierPlan(view)`` with no moves yet, when the caller built it already (maitred
+    reads its free room first): building one walks every program.
     """
-    plan = TierPlan(view)
+    if plan is None:
+        plan = TierPlan(view)
     for worker_id in list(plan.by_worker):
         ceiling = ceilings.get(worker_id) if ceilings else None
         _plan_worker(plan, worker_id, promote_waiting, packing, displace, ceiling,
@@ -193,41 +227,61 @@ def plan_tiers(view: View, *, promote_waiting: bool, packing: bool = False, disp
 def _plan_worker(plan: TierPlan, worker_id: str, promote_waiting: bool, packing: bool, displace: bool,
                  ceiling: int | None, held_back: int) -> None:
     worker = plan.view.workers[worker_id]
-    programs = plan.by_worker[worker_id]
-    tiers, iota, weight = plan.tiers, plan.iota, plan.weight
-
-    for p in programs:  # lazy demotions whose step has ended
-        if p.lazy_demote and tiers[p.program_id] is Tier.GPU and p.phase is not Phase.REASONING:
+    for p in plan.by_worker[worker_id]:  # lazy demotions whose step has ended
+        if p.lazy_demote and plan.tiers[p.program_id] is Tier.GPU and p.phase is not Phase.REASONING:
             plan.demote(p, worker)
-
     over = plan.used(worker_id, Tier.GPU, lazy=False) - (worker.gpu_tokens if ceiling is None else ceiling)
+    if over > 0:
+        over = _shed(plan, worker, over, packing)
+    plan.fix_host(worker_id)
+    if over <= 0:
+        _promote(plan, worker, promote_waiting, packing, displace, held_back)
+
+
+def _shed(plan: TierPlan, worker: WorkerState, over: int, packing: bool) -> int:
+    """Demote acting GPU programs, most idle first, until ``over`` tokens have left; then mark
+    reasoning ones for lazy demotion. Returns the tokens still over. Each group is ranked only
+    once it is reached (a stable sort of a group keeps the order it had in a sort of both)."""
+    tiers, iota, weight = plan.tiers, plan.iota, plan.weight
     rank = (lambda p: -iota(p) / max(weight(p), 1)) if packing else (lambda p: -iota(p))
     handing = {h.program_id for h in plan.view.handoffs} if packing else set()
-    gpu = sorted((p for p in programs if tiers[p.program_id] is Tier.GPU), key=lambda p: (p.program_id in handing, rank(p)))
-    for p in gpu:
+    key = (lambda p: (p.program_id in handing, rank(p))) if handing else rank  # no handoff: rank alone
+    on_gpu, reasoning = Tier.GPU, Phase.REASONING  # an enum member read per program is slow on 3.11
+    acting: list[ProgramState] = []
+    thinking: list[ProgramState] = []
+    for p in plan.by_worker[worker.worker_id]:
+        if tiers[p.program_id] is on_gpu:
+            (thinking if p.phase is reasoning else acting).append(p)
+    for p in sorted(acting, key=key):
+        if over <= 0:
+            return over
+        plan.demote(p, worker)
+        over -= weight(p)
+    for p in sorted(thinking, key=key) if over > 0 else ():
         if over <= 0:
             break
-        if p.phase is not Phase.REASONING:
-            plan.demote(p, worker)
+        if tiers[p.program_id] is on_gpu and p.program_id not in plan.lazy:
+            plan.moves.append(TierMove(p.program_id, worker.worker_id, Tier.GPU, Tier.CPU, lazy=True))
+            plan.mark_lazy(p)
             over -= weight(p)
-    for p in gpu:
-        if over <= 0:
-            break
-        if p.phase is Phase.REASONING and tiers[p.program_id] is Tier.GPU and p.program_id not in plan.lazy:
-            plan.moves.append(TierMove(p.program_id, worker_id, Tier.GPU, Tier.CPU, lazy=True))
-            plan.lazy.add(p.program_id)
-            over -= weight(p)
-    plan.fix_host(worker_id)
-    if over > 0:
-        return
+    return over
 
+
+def _promote(plan: TierPlan, worker: WorkerState, promote_waiting: bool, packing: bool, displace: bool,
+             held_back: int) -> None:
+    """Bring programs up while the GPU tier has room: those that want it now, then those
+    predicted to return (r = 1)."""
+    worker_id, tiers, iota, weight = worker.worker_id, plan.tiers, plan.iota, plan.weight
     sources = (Tier.CPU, Tier.WAITING) if promote_waiting else (Tier.CPU,)
-    signals = plan.view.signals
-    urgent = sorted((p for p in programs if tiers[p.program_id] in sources
-                     and (p.phase is Phase.REASONING or p.returned)), key=weight if packing else iota)
-    first = {p.program_id for p in urgent}
-    ahead = sorted((p for p in programs if tiers[p.program_id] in sources and p.program_id not in first
-                    and signals[p.program_id].readiness.r == 1), key=iota)
+    urgent, ahead = [], []
+    for p in plan.by_worker[worker_id]:
+        if tiers[p.program_id] in sources:
+            if p.phase is Phase.REASONING or p.returned:
+                urgent.append(p)
+            elif plan.view.signals[p.program_id].readiness.r == 1:
+                ahead.append(p)
+    urgent.sort(key=weight if packing else iota)
+    ahead.sort(key=iota)
     room = worker.gpu_tokens - held_back
     for p in urgent:
         if weight(p) <= room - plan.used(worker_id, Tier.GPU) or (

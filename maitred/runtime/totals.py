@@ -10,7 +10,7 @@ keeps its snapshots cheap), so a read costs O(changed), not O(programs).
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from maitred.runtime.records import Phase, ProgramState, Tier
 
@@ -49,6 +49,11 @@ class Totals:
     homeless_wanting: int = 0
     #: programs per (agent, home worker): where an agent's shared prefix is cached
     agent_homes: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+    def copy(self) -> "Totals":
+        """A copy no later change reaches (for a snapshot): O(workers + agents), not O(programs)."""
+        return Totals({w: replace(t) for w, t in self.workers.items()}, self.wanting_off_gpu, self.homeless_wanting,
+                      Counter(self.agent_homes))
 
     def worker(self, worker_id: str) -> WorkerTotals:
         return self.workers.get(worker_id) or WorkerTotals()
@@ -98,11 +103,3 @@ class TotalsKeeper:
                 self.totals.add(new, +1)
         self.changed.clear()
         return self.totals
-
-
-def totals_of(programs: Mapping[str, ProgramState], reserve_tokens: int) -> Totals:
-    """The sums computed afresh (a snapshot's view, in the scheduler thread)."""
-    out = Totals()
-    for p in programs.values():
-        out.add(share_of(p, reserve_tokens), +1)
-    return out

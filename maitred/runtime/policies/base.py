@@ -96,24 +96,29 @@ def final_tiers(view: View, moves: Iterable[TierMove], assignments: Iterable[Ass
 def priorities(view: View, tiers: Mapping[str, Tier]) -> dict[str, int]:
     """SGLang request priority for ``--radix-eviction-policy priority`` (higher = evicted
     later): GPU-tier programs above host-tier ones, and within a tier the less idle higher."""
-    base = {Tier.GPU: 100, Tier.CPU: 0, Tier.WAITING: -100}
-    return {pid: base[tiers[pid]] + 100 - round(100 * view.signals[pid].idleness) for pid in view.programs}
+    top = {Tier.GPU: 200, Tier.CPU: 100, Tier.WAITING: 0}  # each tier's band is the 100 below
+    signals = view.signals
+    return {pid: top[tiers[pid]] - round(100 * signals[pid].idleness) for pid in view.programs}
 
 
 def finish(
     name: str, view: View, *, moves: Iterable[TierMove] = (), assignments: Iterable[Assignment] = (),
     warmups: Iterable[Warmup] = (), admit_all: bool = False, dp_fallback: bool | None = None,
+    tiers: Mapping[str, Tier] | None = None,
 ) -> Decision:
     """Assemble a decision: who may run now (GPU tier, or everyone for policies without
-    admission control) and who is held (wants the GPU but is not admitted)."""
+    admission control) and who is held (wants the GPU but is not admitted). ``tiers``:
+    ``final_tiers`` of these moves and assignments, when the caller has it already."""
     moves, assignments = tuple(moves), tuple(assignments)
-    tiers = final_tiers(view, moves, assignments)
+    if tiers is None:
+        tiers = final_tiers(view, moves, assignments)
+    gpu, reasoning = Tier.GPU, Phase.REASONING  # an enum member read per program is slow on 3.11
     homed = {pid for pid, p in view.programs.items() if p.home_worker is not None} | {a.program_id for a in assignments}
     if admit_all:
         admitted = frozenset(homed)
     else:
-        admitted = frozenset(pid for pid in homed if tiers[pid] is Tier.GPU)
-    wanting = {pid for pid, p in view.programs.items() if p.phase is Phase.REASONING}
+        admitted = frozenset({pid for pid in homed if tiers[pid] is gpu})
+    wanting = {pid for pid, p in view.programs.items() if p.phase is reasoning}
     return Decision(
         policy=name, tier_moves=moves, assignments=assignments, admitted=admitted,
         held=frozenset(wanting - admitted), warmups=tuple(warmups), priorities=priorities(view, tiers),

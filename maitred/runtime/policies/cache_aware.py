@@ -56,7 +56,8 @@ class CacheAware:
     def _choose(self, peers: Counter[str], load: dict[str, int], count: dict[str, int]) -> str:
         """The worker with the agent's prefix when the match is good and the load balanced, else
         the one with the fewest tokens in use."""
-        best, hits = peers.most_common(1)[0] if peers else (None, 0)
+        best = min(peers, key=lambda w: (-peers[w], w), default=None)  # ties by worker id, as in every driver
+        hits = peers[best] if best is not None else 0
         share = hits / max(sum(peers.values()), 1)
         busiest, idlest = max(count.values()), min(count.values())
         balanced = busiest - idlest <= self.balance_abs or busiest <= self.balance_rel * idlest

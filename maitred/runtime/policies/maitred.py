@@ -44,9 +44,9 @@ class Maitred:
 
     def step(self, view: View) -> Decision:
         planned, ceilings = _sized(view)
-        overdue = _overdue(planned)
+        overdue, start = _overdue(planned), TierPlan(planned)
         tiers = plan_tiers(planned, promote_waiting=False, packing=True, ceilings=ceilings,
-                           held_back=_room_for(planned, overdue))
+                           held_back=_room_for(planned, overdue, start.gpu_free()), plan=start)
         free = tiers.gpu_free()
         candidates, reason = candidates_for_placement(planned, tiers.tiers, free)
         first = place(planned, overdue, free, reason=reason)
@@ -55,13 +55,13 @@ class Maitred:
         rest = place(planned, [p for p in candidates if p.program_id not in placed], left, reason=reason)
         placement = replace(rest, assignments=first.assignments + rest.assignments,
                             fallback=first.fallback or rest.fallback)
+        planned_tiers = final_tiers(view, tiers.moves, placement.assignments)
         warmups: tuple[Warmup, ...] = ()
         if self.preprefill:
             left = _after(view, rest.assignments, left)
-            planned_tiers = final_tiers(view, tiers.moves, placement.assignments)
             warmups = admit(view, propose(view, placement.assignments), left, planned_tiers)
         decision = finish(self.name, view, moves=tiers.moves, assignments=placement.assignments, warmups=warmups,
-                          dp_fallback=placement.fallback if candidates else None)
+                          dp_fallback=placement.fallback if candidates else None, tiers=planned_tiers)
         return replace(decision, tier_tokens={w.worker_id: w.gpu_tokens for w in planned.healthy_workers()})
 
     def admit_at_arrival(self, view: View, program_id: str) -> Decision | None:
@@ -114,16 +114,16 @@ def _overdue(view: View) -> list[ProgramState]:
     eight cells: synthetic, SWE-agent, tools ×4, H200). Large *homed* programs can still wait long
     behind smaller returning ones; displacing GPU-tier programs for them (MORI's rule) was
     tried and churned (mean TTFT 3.80 s, a quarter fewer requests served)."""
-    return sorted((p for p in view.programs.values() if p.phase is Phase.REASONING and view.now - p.phase_since > OVERDUE_S
-                   and (p.home_worker not in view.workers or p.tier is Tier.WAITING)), key=lambda p: p.phase_since)
+    reasoning, waiting = Phase.REASONING, Tier.WAITING  # an enum member read per program is slow on 3.11
+    return sorted((p for p in view.programs.values() if p.phase is reasoning and view.now - p.phase_since > OVERDUE_S
+                   and (p.home_worker not in view.workers or p.tier is waiting)), key=lambda p: p.phase_since)
 
 
-def _room_for(view: View, programs: list[ProgramState]) -> dict[str, int]:
+def _room_for(view: View, programs: list[ProgramState], room: dict[str, int]) -> dict[str, int]:
     """GPU-tier tokens to keep free per worker for ``programs``, each on the worker that has
-    the most room left for it."""
-    if not programs:
-        return {}
-    room, held = TierPlan(view).gpu_free(), dict[str, int]()
+    the most ``room`` (free GPU-tier tokens before this step's moves; taken from as it goes)
+    left for it."""
+    held = dict[str, int]()
     for p in programs:
         if not room:
             break

@@ -145,7 +145,7 @@ class ThunderAgent:
             for p in reasoning:
                 if p.program_id not in marked:
                     marked.add(p.program_id)
-                    moves.append(TierMove(p.program_id, worker_id, Tier.GPU, Tier.WAITING, lazy=True))
+                    moves.append(TierMove(p.program_id, worker_id, Tier.GPU, Tier.WAITING, lazy=True, since=p.phase_since))
         return moves
 
     def admit_at_arrival(self, view: View, program_id: str) -> Decision | None:
