@@ -22,8 +22,14 @@ def program(
     return p
 
 
-def state(workers: list[tuple[str, int, int]], programs: list[ProgramState], cfg: SignalConfig | None = None) -> RuntimeState:
+def state(workers: list[tuple[str, int, int]], programs: list[ProgramState], cfg: SignalConfig | None = None, *,
+          prompts_held: bool = True) -> RuntimeState:
+    """``prompts_held``: the driver holds every program's prompts, as the replay does, so any
+    warmup a policy proposes can be sent."""
     st = RuntimeState([WorkerState(w, gpu_tokens=g, cpu_tokens=c) for w, g, c in workers], cfg)
     for p in programs:
         st.programs[p.program_id] = p
+        if prompts_held:
+            st.prompts.last.add(p.program_id)
+            st.prompts.handoff.add(p.program_id)
     return st

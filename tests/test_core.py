@@ -249,3 +249,29 @@ async def test_a_program_that_ends_while_held_has_its_request_let_through():
                 assert admission.worker == sim.url and admission.waited_s < 10 and runtime.core.forced == 1
             finally:
                 await runtime.stop()
+
+
+def test_a_warmup_that_cannot_be_sent_takes_no_slot_of_one_that_can():
+    """Warmup admission reads which prompts the driver holds: two handoffs whose consumers' prompts
+    were never announced do not fill the worker's warmup slots ahead of a program about to
+    return whose last prompt the driver holds."""
+    from maitred.events import Handoff, LLMEnd, ToolEnd
+
+    st = state([("w0", 200_000, 200_000)], [])
+    core = RuntimeCore(st, "maitred")
+    t = NOW
+    for pid in ("h1", "h2", "r"):
+        core.arrive(pid, t, agent="planner", prompt_tokens=3_000)
+        core.step(t)
+        core.observe(LLMEnd(ts=t + 1, program_id=pid, request_id="x", prompt_tokens=3_000, completion_tokens=10, worker="w0"))
+    core.prompt_seen("r")
+    for pid in ("h1", "h2"):  # handoffs without expected_prompt: the gateway has no consumer prompt to send
+        core.observe(Handoff(ts=t + 2, program_id=pid, from_agent="planner", to_agent="coder", context_tokens=2_000))
+    core.observe(ToolStart(ts=t + 2, program_id="r", call_id="c", tool="bash"))
+    st.programs["r"].tier = Tier.CPU  # its KV went to host memory while it waited
+    st.touch("r")
+    core.observe(ToolEnd(ts=t + 3, program_id="r", call_id="c"))
+    result = core.step(t + 3.1)
+    admitted = [(w.program_id, w.kind) for w in result.decision.warmups]
+    assert not [w for w in admitted if w[0].startswith("h")], admitted  # the policy never admits them
+    assert result.warmups == result.decision.warmups

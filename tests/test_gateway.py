@@ -499,9 +499,6 @@ async def test_a_handoff_consumer_is_warmed_with_the_prompt_the_handoff_announce
         async def warmed() -> float:
             return c.metric((await client.get("/metrics")).text, 'maitred_warmups_total{outcome="done"}')
 
-        async def skipped() -> float:
-            return c.metric((await client.get("/metrics")).text, 'maitred_warmups_total{outcome="skipped"}')
-
         for pid, announce in (("silent", False), ("h", True)):
             await ask(pid, planner)
             await client.post("/v1/events", json=[event("tool.start", pid, call_id="c1", tool="write_plan")])
@@ -510,8 +507,9 @@ async def test_a_handoff_consumer_is_warmed_with_the_prompt_the_handoff_announce
                 handoff["expected_prompt"] = coder
             await client.post("/v1/events", json=[handoff])
             await client.post("/v1/events", json=[event("tool.end", pid, call_id="c1")])
-            if not announce:  # the planner proposes the warmup, the gateway has nothing right to send
-                assert await until(skipped) >= 1 and await warmed() == 0
+            if not announce:  # nothing right to send: no warmup is admitted for it (a few steps pass)
+                await asyncio.sleep(1.0)
+                assert await warmed() == 0
         assert await until(warmed) >= 1
         usage = await ask("h", coder)
         assert usage["prompt_tokens_details"]["cached_tokens"] > 0.9 * usage["prompt_tokens"], usage

@@ -390,6 +390,7 @@ def test_handoff_consumer_is_prefilled_on_an_idle_worker_and_not_on_a_busy_one()
     sched = Scheduler(st_, "maitred")
     sched.tick(NOW - 5)
     st_.apply(Handoff(ts=NOW, program_id="p", agent="planner", from_agent="planner", to_agent="coder", context_tokens=3_000))
+    st_.prompts.handoff.add("p")  # the driver holds the consumer's prompt (the replay always does)
     decision = sched.tick(NOW)
     assert [(w.program_id, w.worker, w.tokens, w.kind) for w in decision.warmups] == [("p", "w0", 4_200, "handoff")]
     st_.workers["w0"].queued_requests = 3

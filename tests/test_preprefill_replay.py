@@ -7,7 +7,7 @@ import pytest
 
 from maitred.runtime import Tier
 from maitred.runtime.decisions import Warmup
-from maitred.runtime.preprefill import admit, room_needed
+from maitred.runtime.preprefill import choose_warmups, room_needed
 from maitred.sim.profile import EngineProfile
 from maitred.sim.replay import SIM_POLICIES, Replay, RunConfig, SimPolicy, run_one
 from maitred.sim.traces import ProgramTrace, Step, ToolCall, Trace, load_trace
@@ -100,10 +100,11 @@ def test_under_load_only_warmups_that_need_no_new_room_are_admitted():
         program("grows", tokens=20_000, home="w0", tier=Tier.GPU),
     ])
     fits, grows = handoff_warmup("fits", 12_000, priority=2.0), handoff_warmup("grows", 30_000)
+    st_.prompts.handoff |= {"fits", "grows"}  # the driver holds both consumers' prompts
     st_.workers["w0"].queued_requests = 2
-    assert admit(st_.view(NOW), [fits, grows], {"w0": 50_000}) == (fits,)
+    assert choose_warmups(st_.view(NOW), [fits, grows], {"w0": 50_000}) == (fits,)
     st_.workers["w0"].queued_requests = 0
-    assert admit(st_.view(NOW), [fits, grows], {"w0": 0}) == (fits,)
-    assert admit(st_.view(NOW), [fits, grows], {"w0": 50_000}) == (fits, grows)
+    assert choose_warmups(st_.view(NOW), [fits, grows], {"w0": 0}) == (fits,)
+    assert choose_warmups(st_.view(NOW), [fits, grows], {"w0": 50_000}) == (fits, grows)
     st_.workers["w0"].warmups_in_flight = 2  # the cap in flight still holds
-    assert admit(st_.view(NOW), [fits, grows], {"w0": 50_000}) == ()
+    assert choose_warmups(st_.view(NOW), [fits, grows], {"w0": 50_000}) == ()

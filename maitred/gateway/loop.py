@@ -432,17 +432,15 @@ class LiveDriver:
         for a in result.decision.assignments:
             self.metrics.assignments.labels(a.reason).inc()
         self._resolve(result.released)
-        for pid in self._handoff_prompts.keys() - self.core._handoff_prompts:  # its consumer never came: expired
+        for pid in self._handoff_prompts.keys() - self.core.prompts.handoff:  # its consumer never came: expired
             del self._handoff_prompts[pid]
-        if result.skipped:
-            self.metrics.warmups.labels("skipped").inc(result.skipped)
         for warmup in result.warmups:
             self._start_warmup(warmup)
 
     def _start_warmup(self, warmup: Warmup) -> None:
         """A handoff's consumer is warmed with the prompt the handoff said it will send
         (``expected_prompt``, LOCAL's API); other warmups replay the program's last prompt.
-        The core sends only warmups whose prompt is held here (``RuntimeCore._sendable``)."""
+        The policy admits only warmups whose prompt is held here (``Prompts.sendable``)."""
         prompt: Prompt | None = (self._handoff_prompts.get(warmup.program_id) if warmup.kind == "handoff"
                                  else self._prompts.get(warmup.program_id))
         if prompt is None or warmup.worker not in self.backends:

@@ -15,9 +15,10 @@ measures is what ``maitred serve`` runs. The rules it owns:
   live state (TAO's plan re-check, ``Scheduler.apply``) and release the held programs now
   admitted.
 - **Priorities** under SGLang's ratchet (``admission.encode_priority``).
-- **Warmups** that can be sent: a handoff's consumer only where the driver holds the prompt it
-  will send, any other program only where the driver holds its last prompt, one at a time per
-  program; a warmup overtaken by the real request is moot.
+- **Warmups** that can be sent (``Prompts``, read by the policy's warmup admission): a
+  handoff's consumer only where the driver holds the prompt it will send, any other program
+  only where the driver holds its last prompt, one at a time per program; a warmup overtaken
+  by the real request is moot.
 
 Plain data and ``now`` in, decisions out: no I/O, no clock, no threads.
 """
@@ -94,8 +95,6 @@ class StepResult:
     released: dict[str, str] = field(default_factory=dict)
     #: warmups the driver should send now
     warmups: tuple[Warmup, ...] = ()
-    #: warmups the policy proposed that cannot be sent (no prompt held for them, or one in flight)
-    skipped: int = 0
 
 
 class RuntimeCore:
@@ -116,9 +115,7 @@ class RuntimeCore:
         self.ratchet: dict[str, dict[str, int]] = {}   # program -> worker -> highest priority sent
         self.journal: deque[Entry] = deque(maxlen=JOURNAL_LIMIT)
         self.forced = 0
-        self._prompts: set[str] = set()          # the driver holds the program's last prompt
-        self._handoff_prompts: set[str] = set()  # the driver holds a handoff consumer's prompt
-        self._warming: set[str] = set()
+        self.prompts = state.prompts  # which warmups the driver can send (the policy reads it in its view)
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -128,7 +125,7 @@ class RuntimeCore:
         event = LLMStart(ts=now, program_id=program_id, agent=agent, request_id=request_id, model=model,
                          prompt_tokens=prompt_tokens)
         self.state.apply(event)
-        self._handoff_prompts.discard(program_id)  # the consumer asked: its warmup is moot
+        self.prompts.handoff.discard(program_id)  # the consumer asked: its warmup is moot
         worker, decision = self.admissible(program_id), None
         if worker is None:
             decision = self._arrival_rule(program_id, now)
@@ -230,9 +227,8 @@ class RuntimeCore:
                 released[pid] = worker
                 self._record(now, "admit", pid, worker)
         pending = {h.program_id for h in pending_at(self.state.handoffs, now)}
-        self._handoff_prompts &= pending  # a consumer that never came: its prompt is stale
-        warmups = tuple(w for w in applied.warmups if self._sendable(w)) if self.cfg.warmups else ()
-        return StepResult(applied, released, warmups, len(applied.warmups) - len(warmups) if self.cfg.warmups else 0)
+        self.prompts.handoff &= pending  # a consumer that never came: its prompt is stale
+        return StepResult(applied, released, applied.warmups if self.cfg.warmups else ())
 
     def step(self, now: float) -> StepResult:
         """Plan and apply in one thread (the replay): the same path as the gateway's split step."""
@@ -263,26 +259,22 @@ class RuntimeCore:
 
     def prompt_seen(self, program_id: str) -> None:
         """The driver holds ``program_id``'s last prompt (text, token ids or chat messages it can render)."""
-        self._prompts.add(program_id)
+        self.prompts.last.add(program_id)
 
     def handoff_prompt_seen(self, program_id: str) -> None:
         """The driver holds the prompt a handoff's consumer ``program_id`` will send."""
-        self._handoff_prompts.add(program_id)
-
-    def _sendable(self, warmup: Warmup) -> bool:
-        pid = warmup.program_id
-        known = pid in (self._handoff_prompts if warmup.kind == "handoff" else self._prompts)
-        return known and pid not in self._warming and pid in self.state.programs
+        self.prompts.handoff.add(program_id)
 
     def warming(self, program_id: str, busy: bool) -> None:
-        """A warmup of ``program_id`` started (``busy``) or ended; a handoff's, once sent, is spent."""
+        """A warmup of ``program_id`` started (``busy``) or ended."""
         if busy:
-            self._warming.add(program_id)
+            self.prompts.warming.add(program_id)
         else:
-            self._warming.discard(program_id)
+            self.prompts.warming.discard(program_id)
 
     def handoff_warmed(self, program_id: str) -> None:
-        self._handoff_prompts.discard(program_id)
+        """A handoff's warmup was sent: its prompt is spent (each handoff is warmed once)."""
+        self.prompts.handoff.discard(program_id)
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -304,8 +296,7 @@ class RuntimeCore:
 
     def _forget(self, program_id: str) -> None:
         self.held.pop(program_id, None)
-        self._prompts.discard(program_id)
-        self._handoff_prompts.discard(program_id)
+        self.prompts.forget(program_id)
         self.ratchet.pop(program_id, None)
 
     # -- journal --------------------------------------------------------------------------------

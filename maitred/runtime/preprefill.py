@@ -55,7 +55,7 @@ def propose(view: View, assignments: tuple[Assignment, ...]) -> list[Warmup]:
     return proposals
 
 
-def admit(view: View, proposals: list[Warmup], gpu_free: dict[str, int],
+def choose_warmups(view: View, proposals: list[Warmup], gpu_free: dict[str, int],
           tiers: Mapping[str, Tier] | None = None) -> tuple[Warmup, ...]:
     """``tiers``: every program's tier once the step's own moves and placements are made (a
     program the step demotes holds no room for its consumer); default: the view's."""
@@ -69,6 +69,8 @@ def admit(view: View, proposals: list[Warmup], gpu_free: dict[str, int],
     for warmup in sorted(proposals, key=lambda x: -x.priority):
         worker = view.workers.get(warmup.worker)
         if worker is None or not worker.healthy or warmup.program_id in seen:
+            continue
+        if not view.prompts.sendable(warmup.program_id, warmup.kind):  # the driver has nothing right to send
             continue
         if in_flight[warmup.worker] >= cfg.max_warmups_in_flight:
             continue

@@ -90,6 +90,29 @@ class WorkerState:
 
 
 @dataclass(slots=True)
+class Prompts:
+    """Which prompts the driver holds, so a warmup can be sent: a program's last prompt, a
+    handoff consumer's announced prompt, and which programs have a warmup in flight (one at a
+    time). The core keeps it from what the driver tells it; the policy's warmup admission reads
+    it, so a warmup that cannot be sent takes no slot of one that can."""
+
+    last: set[str] = field(default_factory=set)
+    handoff: set[str] = field(default_factory=set)
+    warming: set[str] = field(default_factory=set)
+
+    def sendable(self, program_id: str, kind: str) -> bool:
+        return program_id in (self.handoff if kind == "handoff" else self.last) and program_id not in self.warming
+
+    def forget(self, program_id: str) -> None:
+        self.last.discard(program_id)
+        self.handoff.discard(program_id)
+        self.warming.discard(program_id)
+
+    def copy(self) -> "Prompts":
+        return Prompts(set(self.last), set(self.handoff), set(self.warming))
+
+
+@dataclass(slots=True)
 class PendingHandoff:
     """A handoff whose consumer has not made its first request yet (a pre-prefill opportunity)."""
 

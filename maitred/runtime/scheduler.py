@@ -72,7 +72,7 @@ class Scheduler:
                         adapter_versions=self.state.adapter_versions, handoffs=(),
                         agent_prefix_tokens=self.state.agent_prefix_tokens, cfg=self.state.cfg,
                         totals=self.state.totals(), tier_tokens=self.state.tier_tokens,
-                        assignments_made=self.state.assignments_made)
+                        assignments_made=self.state.assignments_made, prompts=self.state.prompts)
         assignments: tuple[Assignment, ...] = ()
         if decision.assignments:
             free = planned_free if planned_free is not None else free_after(decision, planned)

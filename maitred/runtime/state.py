@@ -42,6 +42,7 @@ from maitred.runtime.records import (
     PendingHandoff,
     Phase,
     ProgramState,
+    Prompts,
     Residency,
     SignalConfig,
     Tier,
@@ -99,6 +100,8 @@ class View:
     tier_tokens: Mapping[str, int]
     #: assignments made so far (round robin's cursor lives in the state, not in the policy)
     assignments_made: int
+    #: which warmups the driver can send (read-only by contract)
+    prompts: Prompts
 
     def healthy_workers(self) -> list[WorkerState]:
         return [w for w in self.workers.values() if w.healthy]
@@ -165,6 +168,7 @@ class Snapshot:
     assignments_made: int
     idleness: IdlenessInputs
     totals: Totals
+    prompts: Prompts
 
     def view(self, now: float) -> View:
         return View(
@@ -173,7 +177,7 @@ class Snapshot:
             adapter_versions=self.adapter_versions, handoffs=pending_at(self.handoffs, now),
             agent_prefix_tokens=self.agent_prefix_tokens, cfg=self.cfg,
             totals=self.totals, tier_tokens=self.tier_tokens,
-            assignments_made=self.assignments_made,
+            assignments_made=self.assignments_made, prompts=self.prompts,
         )
 
 
@@ -243,6 +247,7 @@ class RuntimeState:
         self.tier_tokens: dict[str, int] = {}
         self.agent_prefix_tokens: dict[str, int] = {}
         self.assignments_made = 0
+        self.prompts = Prompts()
         self._totals = TotalsKeeper(self.cfg.reserve_tokens)
         self._totals.changed = self.programs.changed
         self._copies: dict[str, ProgramState] = {}
@@ -552,7 +557,7 @@ class RuntimeState:
             now=now, programs=self.programs, workers=self.workers, signals=signals,
             adapter_versions=self.adapter_versions, handoffs=pending_at(self.handoffs, now),
             agent_prefix_tokens=self.agent_prefix_tokens, cfg=self.cfg, totals=self.totals(),
-            tier_tokens=self.tier_tokens, assignments_made=self.assignments_made,
+            tier_tokens=self.tier_tokens, assignments_made=self.assignments_made, prompts=self.prompts,
         )
 
     def snapshot(self) -> Snapshot:
@@ -579,6 +584,7 @@ class RuntimeState:
             handoffs=tuple(self.handoffs), agent_prefix_tokens=MappingProxyType(dict(self.agent_prefix_tokens)),
             cfg=self.cfg, use_signature=self.use_signature, tier_tokens=MappingProxyType(dict(self.tier_tokens)),
             assignments_made=self.assignments_made, idleness=self._idleness.inputs(), totals=self.totals().copy(),
+            prompts=self.prompts.copy(),
         )
 
 

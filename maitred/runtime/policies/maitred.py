@@ -12,7 +12,7 @@
    room that step 1's promotions leave for it; room it cannot use yet goes to the rest of the
    pool (``_overdue``).
 3. Pre-prefill (LOCAL + TAO): warm the consumers of handoffs and the programs about to return
-   whose KV is not on their worker's GPU (``preprefill.admit`` says where and when).
+   whose KV is not on their worker's GPU (``preprefill.choose_warmups`` says where and when).
 """
 
 from dataclasses import replace
@@ -21,7 +21,7 @@ from maitred.runtime.admission import HOLD_TIMEOUT_S, Cadence
 from maitred.runtime.decisions import Assignment, Decision, TierMove, Warmup
 from maitred.runtime.placement import candidates_for_placement, place
 from maitred.runtime.policies.base import final_tiers, finish, healthy_free
-from maitred.runtime.preprefill import admit, propose
+from maitred.runtime.preprefill import choose_warmups, propose
 from maitred.runtime.records import Phase, ProgramState, Tier
 from maitred.runtime.state import View
 from maitred.runtime.tiering import TierPlan, plan_tiers, working_set_capacity
@@ -59,7 +59,7 @@ class Maitred:
         warmups: tuple[Warmup, ...] = ()
         if self.preprefill:
             left = _after(view, rest.assignments, left)
-            warmups = admit(view, propose(view, placement.assignments), left, planned_tiers)
+            warmups = choose_warmups(view, propose(view, placement.assignments), left, planned_tiers)
         decision = finish(self.name, view, moves=tiers.moves, assignments=placement.assignments, warmups=warmups,
                           dp_fallback=placement.fallback if candidates else None, tiers=planned_tiers)
         return replace(decision, tier_tokens={w.worker_id: w.gpu_tokens for w in planned.healthy_workers()})
