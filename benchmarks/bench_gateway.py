@@ -55,6 +55,7 @@ def spawn(stack: ExitStack, argv: list[str]) -> subprocess.Popen[bytes]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
     stack.callback(stop)
     return proc
 
@@ -63,8 +64,20 @@ def start_workers(stack: ExitStack, n: int, time_scale: float) -> list[str]:
     urls = []
     for _ in range(n):
         port = free_port()
-        proc = spawn(stack, [sys.executable, "-m", "maitred.sim.worker", "--port", str(port),
-                             "--gpu-tokens", "2000000", "--time-scale", str(time_scale)])
+        proc = spawn(
+            stack,
+            [
+                sys.executable,
+                "-m",
+                "maitred.sim.worker",
+                "--port",
+                str(port),
+                "--gpu-tokens",
+                "2000000",
+                "--time-scale",
+                str(time_scale),
+            ],
+        )
         urls.append(f"http://127.0.0.1:{port}")
         wait_http(urls[-1] + "/health", timeout_s=60, process=proc)
     return urls
@@ -88,8 +101,24 @@ def start_router(stack: ExitStack, workers: list[str]) -> str | None:
         print("sglang-router is not installed (pip install sglang-router); its column is left out", file=sys.stderr)
         return None
     port = free_port()
-    proc = spawn(stack, [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
-                         "--policy", "cache_aware", "--log-level", "error", "--worker-urls", *workers])
+    proc = spawn(
+        stack,
+        [
+            sys.executable,
+            "-m",
+            "sglang_router.launch_router",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--policy",
+            "cache_aware",
+            "--log-level",
+            "error",
+            "--worker-urls",
+            *workers,
+        ],
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:  # the router registers workers in the background: wait until it lists both healthy
@@ -140,6 +169,7 @@ async def throughput(url: str, target: str, concurrency: int, duration_s: float,
             r.raise_for_status()
             done += 1
             i += concurrency
+
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
         started = time.perf_counter()
         await asyncio.gather(*(client_loop(client, k) for k in range(concurrency)))
@@ -176,9 +206,12 @@ async def burst(url: str, n: int, tag: str) -> dict[str, Any]:
             try:
                 async with client.stream("POST", "/v1/chat/completions", json=body) as r:
                     data = await r.aread()
-                    return "completed" if r.status_code == 200 and data.endswith(b"data: [DONE]\n\n") else f"status_{r.status_code}"
+                    return (
+                        "completed" if r.status_code == 200 and data.endswith(b"data: [DONE]\n\n") else f"status_{r.status_code}"
+                    )
             except httpx.HTTPError as exc:
                 return type(exc).__name__
+
         started = time.perf_counter()
         outcomes = await asyncio.gather(*(one(i) for i in range(n)))
         elapsed = time.perf_counter() - started
@@ -194,10 +227,17 @@ async def burst(url: str, n: int, tag: str) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for outcome in outcomes:
         counts[outcome] = counts.get(outcome, 0) + 1
-    return {"streams": n, "completed": counts.pop("completed", 0), "refused": counts, "seconds": round(elapsed, 2),
-            "workers_declared_down": int(_metric_sum(metrics, "maitred_worker_failures_total") - failures_before),
-            "left_in_flight": after["requests_in_flight"], "left_held": after["requests_held"],
-            "tasks_before": before["tasks"], "tasks_after": after["tasks"]}
+    return {
+        "streams": n,
+        "completed": counts.pop("completed", 0),
+        "refused": counts,
+        "seconds": round(elapsed, 2),
+        "workers_declared_down": int(_metric_sum(metrics, "maitred_worker_failures_total") - failures_before),
+        "left_in_flight": after["requests_in_flight"],
+        "left_held": after["requests_held"],
+        "tasks_before": before["tasks"],
+        "tasks_after": after["tasks"],
+    }
 
 
 def first_requests(gateway: str, direct: str, n: int, tag: str) -> float:
@@ -222,11 +262,19 @@ def load_programs(url: str, n: int, first: int = 0) -> None:
         pid = f"bulk-{i}"
         lines.append({"type": "program.start", "ts": now, "program_id": pid, "agent": "coder"})
         lines.append({"type": "llm.start", "ts": now, "program_id": pid, "request_id": "r0", "prompt_tokens": 1000 + i % 5000})
-        lines.append({"type": "llm.end", "ts": now + 1, "program_id": pid, "request_id": "r0", "prompt_tokens": 1000 + i % 5000,
-                      "completion_tokens": 50})
+        lines.append(
+            {
+                "type": "llm.end",
+                "ts": now + 1,
+                "program_id": pid,
+                "request_id": "r0",
+                "prompt_tokens": 1000 + i % 5000,
+                "completion_tokens": 50,
+            }
+        )
         lines.append({"type": "tool.start", "ts": now + 1, "program_id": pid, "call_id": "c0", "tool": "pytest"})
     for k in range(0, len(lines), 10_000):
-        body = "\n".join(json.dumps(e) for e in lines[k:k + 10_000])
+        body = "\n".join(json.dumps(e) for e in lines[k : k + 10_000])
         r = httpx.post(url + "/v1/events", content=body, timeout=60)
         r.raise_for_status()
 
@@ -261,8 +309,9 @@ def main() -> None:
         if router:
             result["sglang_router_added_ms_p50"] = round(float(np.percentile(lat["sglang_router"], 50) - base50), 3)
             result["sglang_router_added_ms_p99"] = round(float(np.percentile(lat["sglang_router"], 99) - base99), 3)
-        rps = {name: asyncio.run(throughput(url, name, args.concurrency, args.duration, args.programs))
-               for name, url in urls.items()}
+        rps = {
+            name: asyncio.run(throughput(url, name, args.concurrency, args.duration, args.programs)) for name, url in urls.items()
+        }
         print("requests/s: " + ", ".join(f"{k} {v:.0f}" for k, v in rps.items()), file=sys.stderr)
         result["direct_requests_per_s"] = round(rps["direct"], 1)
         result["requests_per_s"] = round(rps["gateway"], 1)
@@ -290,11 +339,21 @@ def main() -> None:
             print(f"large burst: {result['burst_large']}", file=sys.stderr)
         lat10k = latencies({"direct": workers[0], "gateway": gateway}, max(args.requests // 2, 200), args.programs)
         result["programs_in_state"] = httpx.get(gateway + "/healthz").json()["programs"]
-        result["added_ms_p50_10k_programs"] = round(float(np.percentile(lat10k["gateway"], 50) - np.percentile(lat10k["direct"], 50)), 3)
-        result["added_ms_p99_10k_programs"] = round(float(np.percentile(lat10k["gateway"], 99) - np.percentile(lat10k["direct"], 99)), 3)
+        result["added_ms_p50_10k_programs"] = round(
+            float(np.percentile(lat10k["gateway"], 50) - np.percentile(lat10k["direct"], 50)), 3
+        )
+        result["added_ms_p99_10k_programs"] = round(
+            float(np.percentile(lat10k["gateway"], 99) - np.percentile(lat10k["direct"], 99)), 3
+        )
         ticks = httpx.get(gateway + "/metrics").text
-        count = sum(float(line.rsplit(" ", 1)[1]) for line in ticks.splitlines() if line.startswith("maitred_scheduler_tick_seconds_count"))
-        total = sum(float(line.rsplit(" ", 1)[1]) for line in ticks.splitlines() if line.startswith("maitred_scheduler_tick_seconds_sum"))
+        count = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in ticks.splitlines()
+            if line.startswith("maitred_scheduler_tick_seconds_count")
+        )
+        total = sum(
+            float(line.rsplit(" ", 1)[1]) for line in ticks.splitlines() if line.startswith("maitred_scheduler_tick_seconds_sum")
+        )
         result["scheduler_ticks"] = int(count)
         result["scheduler_tick_ms_mean"] = round(total / count * 1000, 2) if count else None
     print(json.dumps(result))

@@ -45,11 +45,18 @@ from typing import Any
 
 from reference import reference_s
 
-PAYLOAD = json.dumps({
-    "session_id": "bench-session", "transcript_path": "/tmp/t.jsonl", "cwd": "/tmp", "permission_mode": "default",
-    "hook_event_name": "PreToolUse", "tool_name": "Bash", "tool_use_id": "toolu_bench",
-    "tool_input": {"command": "pytest -x tests", "timeout": 120000},
-})
+PAYLOAD = json.dumps(
+    {
+        "session_id": "bench-session",
+        "transcript_path": "/tmp/t.jsonl",
+        "cwd": "/tmp",
+        "permission_mode": "default",
+        "hook_event_name": "PreToolUse",
+        "tool_name": "Bash",
+        "tool_use_id": "toolu_bench",
+        "tool_input": {"command": "pytest -x tests", "timeout": 120000},
+    }
+)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -57,7 +64,9 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def time_process(argv: list[str], env: dict[str, str], runs: int, settle: Callable[[int], float] | None = None) -> dict[str, float]:
+def time_process(
+    argv: list[str], env: dict[str, str], runs: int, settle: Callable[[int], float] | None = None
+) -> dict[str, float]:
     """Median and p90 of process start -> exit. ``settle(i)``, when given, waits after run ``i``
     until its background work is done (so runs do not pile up) and returns how long that took."""
     samples, settled = [], []
@@ -77,6 +86,7 @@ def time_process(argv: list[str], env: dict[str, str], runs: int, settle: Callab
 
 def stored(path: Path, offset: list[int]) -> Callable[[int], float]:
     """A ``settle`` for the store mode: wait until the SQLite store at ``path`` holds one more event."""
+
     def wait(i: int) -> float:
         start = time.perf_counter()
         while time.perf_counter() - start < 30:
@@ -89,6 +99,7 @@ def stored(path: Path, offset: list[int]) -> Callable[[int], float]:
                 return time.perf_counter() - start
             time.sleep(0.005)
         raise RuntimeError("the detached writer did not store the event within 30 s")
+
     return wait
 
 
@@ -99,8 +110,10 @@ def bench_hook(runs: int) -> dict[str, Any]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("MAITRED_")}
     cli = [str(Path(sys.executable).with_name("maitred")), "hook", "claude-code"]
     module = [sys.executable, "-m", "maitred.integrations.claude_code"]
-    out: dict[str, Any] = {"python_startup": time_process([sys.executable, "-c", "pass"], base, runs),
-                           "import_maitred": time_process([sys.executable, "-c", "import maitred"], base, runs)}
+    out: dict[str, Any] = {
+        "python_startup": time_process([sys.executable, "-c", "pass"], base, runs),
+        "import_maitred": time_process([sys.executable, "-c", "import maitred"], base, runs),
+    }
     down = {**base, "MAITRED_URL": f"http://127.0.0.1:{free_port()}"}
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "hooks.db"
@@ -146,8 +159,11 @@ def bench_middleware(runs: int, steps: int) -> dict[str, Any]:
             self.n += 1
             usage = {"input_tokens": 100 + self.n, "output_tokens": 5, "total_tokens": 105 + self.n}
             if self.n <= steps:
-                message = AIMessage("", tool_calls=[{"name": "lookup", "args": {"key": f"k{self.n}"}, "id": f"call_{self.n}",
-                                                     "type": "tool_call"}], usage_metadata=usage)
+                message = AIMessage(
+                    "",
+                    tool_calls=[{"name": "lookup", "args": {"key": f"k{self.n}"}, "id": f"call_{self.n}", "type": "tool_call"}],
+                    usage_metadata=usage,
+                )
             else:
                 message = AIMessage("done", usage_metadata=usage)
             return ChatResult(generations=[ChatGeneration(message=message)])
@@ -175,8 +191,9 @@ def bench_middleware(runs: int, steps: int) -> dict[str, Any]:
             tool: list[tuple[float, float]] = []
             model: list[tuple[float, float]] = []
 
-            def _timed(self, hook: Callable[..., Any], request: Any, handler: Callable[[Any], Any],
-                       into: list[tuple[float, float]]) -> Any:
+            def _timed(
+                self, hook: Callable[..., Any], request: Any, handler: Callable[[Any], Any], into: list[tuple[float, float]]
+            ) -> Any:
                 inner_wall = inner_cpu = 0.0
 
                 def timed_handler(r: Any) -> Any:
@@ -252,10 +269,14 @@ def bench_middleware(runs: int, steps: int) -> dict[str, Any]:
         tool_floor, model_floor_us = median(timed_floor.tool, i) * 1e6, median(timed_floor.model, i) * 1e6
         tool_us, model_us = tool_raw - tool_floor, model_raw - model_floor_us
         out[clock] = {
-            "step_ms_without": round(plain_step * 1000, 3), "step_ms_with": round(with_step * 1000, 3),
-            "measured_per_tool_call_us": round(tool_raw, 1), "measured_per_model_call_us": round(model_raw, 1),
-            "timing_floor_per_tool_call_us": round(tool_floor, 1), "timing_floor_per_model_call_us": round(model_floor_us, 1),
-            "overhead_per_tool_call_us": round(tool_us, 1), "overhead_per_model_call_us": round(model_us, 1),
+            "step_ms_without": round(plain_step * 1000, 3),
+            "step_ms_with": round(with_step * 1000, 3),
+            "measured_per_tool_call_us": round(tool_raw, 1),
+            "measured_per_model_call_us": round(model_raw, 1),
+            "timing_floor_per_tool_call_us": round(tool_floor, 1),
+            "timing_floor_per_model_call_us": round(model_floor_us, 1),
+            "overhead_per_tool_call_us": round(tool_us, 1),
+            "overhead_per_model_call_us": round(model_us, 1),
             "overhead_share_measured_in_hooks": round((tool_us * per_step + model_us) / 1e6 / plain_step, 4),
             "overhead_share_ab": round((with_step - plain_step) / plain_step, 4),
             "step_ms_pass_through_middleware": round(empty_step * 1000, 3),
@@ -279,8 +300,16 @@ def main() -> None:
     print("LangGraph middleware:")
     for key, value in middleware.items():
         print(f"  {key}: {value}")
-    print(json.dumps({"reference_s": reference_s(), "command_hook": hook, "langgraph_middleware": middleware,
-                      "goals": {"hook_median_ms": 100, "middleware_share": 0.02}}))
+    print(
+        json.dumps(
+            {
+                "reference_s": reference_s(),
+                "command_hook": hook,
+                "langgraph_middleware": middleware,
+                "goals": {"hook_median_ms": 100, "middleware_share": 0.02},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -77,18 +77,25 @@ def overhead(rounds: int, calls: int) -> dict[str, float]:
     with maitred.program("bench", agent="bench"):
         for _ in range(rounds):
             added_sync.append(added(per_call_us(inst, calls), per_call_us(bare, calls)))
-            added_async.append(added(
-                loop.run_until_complete(aper_call_us(ainst, calls)), loop.run_until_complete(aper_call_us(abare, calls)),
-            ))
+            added_async.append(
+                added(
+                    loop.run_until_complete(aper_call_us(ainst, calls)),
+                    loop.run_until_complete(aper_call_us(abare, calls)),
+                )
+            )
     loop.close()
     maitred.shutdown()
     wall_sync, cpu_sync = zip(*added_sync)
     wall_async, cpu_async = zip(*added_async)
-    print(f"overhead: rounds={rounds} calls/round={calls}; p90 sync {statistics.quantiles(wall_sync, n=10)[-1]:.2f} us, "
-          f"p90 async {statistics.quantiles(wall_async, n=10)[-1]:.2f} us")
+    print(
+        f"overhead: rounds={rounds} calls/round={calls}; p90 sync {statistics.quantiles(wall_sync, n=10)[-1]:.2f} us, "
+        f"p90 async {statistics.quantiles(wall_async, n=10)[-1]:.2f} us"
+    )
     return {
-        "added_us_sync": round(statistics.median(wall_sync), 2), "added_us_async": round(statistics.median(wall_async), 2),
-        "added_cpu_us_sync": round(statistics.median(cpu_sync), 2), "added_cpu_us_async": round(statistics.median(cpu_async), 2),
+        "added_us_sync": round(statistics.median(wall_sync), 2),
+        "added_us_async": round(statistics.median(wall_async), 2),
+        "added_cpu_us_sync": round(statistics.median(cpu_sync), 2),
+        "added_cpu_us_async": round(statistics.median(cpu_async), 2),
     }
 
 
@@ -137,8 +144,10 @@ def main() -> None:
         finally:
             with create_engine(args.postgres).begin() as conn:
                 conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-    print(f"end to end: {args.e2e_calls} tool calls ({2 * args.e2e_calls} events), default settings: "
-          + ", ".join(f"{k} {v} events/s, {dropped[k]} dropped" for k, v in rates.items() if v is not None))
+    print(
+        f"end to end: {args.e2e_calls} tool calls ({2 * args.e2e_calls} events), default settings: "
+        + ", ".join(f"{k} {v} events/s, {dropped[k]} dropped" for k, v in rates.items() if v is not None)
+    )
     result.update(end_to_end_events_per_s=rates, end_to_end_dropped=dropped)
     result["reference_s"] = reference_s()
     print(json.dumps(result))

@@ -46,8 +46,16 @@ def build(n: int, rng: random.Random) -> RuntimeState:
         for step in range(rng.randint(1, 6)):
             st.apply(LLMStart(ts=t, program_id=pid, request_id=f"r{step}", prompt_tokens=tokens))
             t += rng.uniform(1, 4)
-            st.apply(LLMEnd(ts=t, program_id=pid, request_id=f"r{step}", prompt_tokens=tokens, completion_tokens=80,
-                            worker=f"w{i % WORKERS}"))
+            st.apply(
+                LLMEnd(
+                    ts=t,
+                    program_id=pid,
+                    request_id=f"r{step}",
+                    prompt_tokens=tokens,
+                    completion_tokens=80,
+                    worker=f"w{i % WORKERS}",
+                )
+            )
             st.apply(ToolStart(ts=t, program_id=pid, call_id=f"c{step}", tool=rng.choice(["read", "grep", "pytest", "edit"])))
             t += rng.expovariate(0.5)
             st.apply(ToolEnd(ts=t, program_id=pid, call_id=f"c{step}"))
@@ -72,7 +80,9 @@ def churn(st: RuntimeState, rng: random.Random, now: float, step: int) -> None:
             st.apply(LLMStart(ts=now, program_id=pid, request_id=f"s{step}", prompt_tokens=p.context_tokens + 300))
     for j in range(3):
         pid = f"new-{step}-{j}"
-        st.apply(LLMStart(ts=now, program_id=pid, agent="coder", request_id="r0", prompt_tokens=int(rng.lognormvariate(8.5, 0.5))))
+        st.apply(
+            LLMStart(ts=now, program_id=pid, agent="coder", request_id="r0", prompt_tokens=int(rng.lognormvariate(8.5, 0.5)))
+        )
 
 
 def gateway_step(st: RuntimeState, sched: Scheduler, now: float) -> dict[str, float]:
@@ -108,8 +118,12 @@ def measure(n: int, steps: int, seed: int) -> tuple[float, dict[str, float], int
         for part, ms in spent.items():
             parts[part].append(ms)
         now += 1.0
-    return (statistics.median(totals), {part: round(statistics.median(ms), 2) for part, ms in parts.items()},
-            sched.dp_steps, sched.dp_fallbacks)
+    return (
+        statistics.median(totals),
+        {part: round(statistics.median(ms), 2) for part, ms in parts.items()},
+        sched.dp_steps,
+        sched.dp_fallbacks,
+    )
 
 
 def reference(rounds: int = 5) -> float:
@@ -131,9 +145,14 @@ def dp_vs_bfd(rng: random.Random, instances: int = 200) -> tuple[float, float, f
     dp_ms, bfd_ms, better = [], [], 0
     for _ in range(instances):
         caps = [rng.randint(10_000, 80_000) for _ in range(WORKERS)]
-        items = [Item(f"i{j}", rng.randint(1_000, 30_000),
-                      tuple((rng.choice([0, 0, rng.randint(0, 20_000)]), rng.randint(0, 1), rng.randint(500, 30_000)) for _ in caps))
-                 for j in range(rng.randint(2, 6))]
+        items = [
+            Item(
+                f"i{j}",
+                rng.randint(1_000, 30_000),
+                tuple((rng.choice([0, 0, rng.randint(0, 20_000)]), rng.randint(0, 1), rng.randint(500, 30_000)) for _ in caps),
+            )
+            for j in range(rng.randint(2, 6))
+        ]
         began = time.perf_counter()
         plan = solve_dp(items, caps, quanta=cfg.dp_quanta, state_budget=cfg.dp_state_budget)
         dp_ms.append((time.perf_counter() - began) * 1000)
@@ -159,16 +178,29 @@ def main() -> None:
         parts_p50[f"{n}x{WORKERS}"] = parts
         dp_steps += steps
         fallbacks += fb
-        print(f"{n:>6} programs x {WORKERS} workers: step p50 {ms:.2f} ms "
-              f"({', '.join(f'{part} {v:.2f}' for part, v in parts.items())}; "
-              f"{steps} steps with placement, {fb} fell back to BFD)")
+        print(
+            f"{n:>6} programs x {WORKERS} workers: step p50 {ms:.2f} ms "
+            f"({', '.join(f'{part} {v:.2f}' for part, v in parts.items())}; "
+            f"{steps} steps with placement, {fb} fell back to BFD)"
+        )
     dp_ms, bfd_ms, dp_share = dp_vs_bfd(random.Random(args.seed))
-    print(f"placement of 2-6 candidates on {WORKERS} workers: DP p50 {dp_ms:.2f} ms, BFD p50 {bfd_ms:.3f} ms, "
-          f"DP within budget {dp_share:.0%}")
+    print(
+        f"placement of 2-6 candidates on {WORKERS} workers: DP p50 {dp_ms:.2f} ms, BFD p50 {bfd_ms:.3f} ms, "
+        f"DP within budget {dp_share:.0%}"
+    )
     ref_s = min(ref_s, reference())  # before and after the steps: load that came and went shows less
-    print(json.dumps({"step_ms_p50": p50, "bfd_fallback_share": round(fallbacks / max(dp_steps, 1), 3),
-                      "dp_ms_p50": round(dp_ms, 3), "bfd_ms_p50": round(bfd_ms, 3),
-                      "parts_ms_p50": parts_p50, "reference_s": round(ref_s, 4)}))
+    print(
+        json.dumps(
+            {
+                "step_ms_p50": p50,
+                "bfd_fallback_share": round(fallbacks / max(dp_steps, 1), 3),
+                "dp_ms_p50": round(dp_ms, 3),
+                "bfd_ms_p50": round(bfd_ms, 3),
+                "parts_ms_p50": parts_p50,
+                "reference_s": round(ref_s, 4),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -38,8 +38,20 @@ def free_port() -> int:
 
 
 def start(port: int, time_scale: float) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "maitred.sim.worker", "--port", str(port),
-                             "--gpu-tokens", "2000000", "--time-scale", str(time_scale)], stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "maitred.sim.worker",
+            "--port",
+            str(port),
+            "--gpu-tokens",
+            "2000000",
+            "--time-scale",
+            str(time_scale),
+        ],
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -57,8 +69,10 @@ async def throughput(url: str, requests: int, concurrency: int) -> dict[str, flo
     programs = requests // 20
 
     async def program(client: httpx.AsyncClient, i: int, gate: asyncio.Semaphore) -> None:
-        messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent. " * 50},
-                                          {"role": "user", "content": f"task {i}: " + "detail " * 200}]
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": "You are a coding agent. " * 50},
+            {"role": "user", "content": f"task {i}: " + "detail " * 200},
+        ]
         for step in range(20):
             async with gate:
                 began = time.perf_counter()
@@ -73,8 +87,11 @@ async def throughput(url: str, requests: int, concurrency: int) -> dict[str, flo
         await asyncio.gather(*(program(client, i, gate) for i in range(programs)))
         elapsed = time.perf_counter() - began
     latencies.sort()
-    return {"requests_per_s": len(latencies) / elapsed, "p50_ms": 1e3 * latencies[len(latencies) // 2],
-            "p99_ms": 1e3 * latencies[int(len(latencies) * 0.99)]}
+    return {
+        "requests_per_s": len(latencies) / elapsed,
+        "p50_ms": 1e3 * latencies[len(latencies) // 2],
+        "p99_ms": 1e3 * latencies[int(len(latencies) * 0.99)],
+    }
 
 
 async def streams(url: str, n: int) -> dict[str, float]:
@@ -102,8 +119,11 @@ def fidelity(url: str, samples: int = 30) -> dict[str, float]:
             overheads.append(wall - engine)
             ratios.append(wall / engine)
             engines.append(engine)
-    return {"fidelity_engine_ms_p50": 1e3 * statistics.median(engines), "fidelity_overhead_ms_p50": 1e3 * statistics.median(overheads),
-            "fidelity_wall_over_engine_p50": statistics.median(ratios)}
+    return {
+        "fidelity_engine_ms_p50": 1e3 * statistics.median(engines),
+        "fidelity_overhead_ms_p50": 1e3 * statistics.median(overheads),
+        "fidelity_wall_over_engine_p50": statistics.median(ratios),
+    }
 
 
 def main() -> None:

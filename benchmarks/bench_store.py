@@ -57,7 +57,7 @@ def with_refusals(events: list[Event], batch: int) -> list[Event]:
     encoding still accepts), at a different place in each batch."""
     out: list[Event] = []
     for n, start in enumerate(range(0, len(events), batch)):
-        chunk = events[start:start + batch - 1]
+        chunk = events[start : start + batch - 1]
         bad = LLMEnd(ts=T0 + n, program_id="prog-bad", request_id=f"r{n}", prompt_tokens=2**63, completion_tokens=1)
         at = (n * 7919) % len(chunk)
         out += chunk[:at] + [bad] + chunk[at:]
@@ -69,7 +69,7 @@ def rate(store: SessionStore, events: list[Event], batch: int) -> tuple[float, i
     stored = rejected = 0
     began = time.perf_counter()
     for start in range(0, len(events), batch):
-        result = store.write(events[start:start + batch])
+        result = store.write(events[start : start + batch])
         stored += result.stored
         rejected += len(result.rejected)
     return len(events) / (time.perf_counter() - began), stored, rejected
@@ -93,8 +93,12 @@ def throughput(args: argparse.Namespace, sqlite: Callable[[], str], postgres: Ca
         result["sqlite_events_per_s"] = round(rate(store, events, args.batch)[0])
     with SessionStore(sqlite()) as store:
         per_s, stored, rejected = rate(store, poisoned, args.batch)
-        result |= {"sqlite_events_per_s_with_refusals": round(per_s), "refused_written": len(poisoned),
-                   "refused_stored": stored, "refused_rejected": rejected}
+        result |= {
+            "sqlite_events_per_s_with_refusals": round(per_s),
+            "refused_written": len(poisoned),
+            "refused_stored": stored,
+            "refused_rejected": rejected,
+        }
     with SessionStore(sqlite()) as store:
         rows_per_s = rate(store, events[: args.row_events], 1)[0]
     result["postgres_events_per_s"] = result["postgres_events_per_s_with_refusals"] = None
@@ -106,12 +110,15 @@ def throughput(args: argparse.Namespace, sqlite: Callable[[], str], postgres: Ca
             assert (stored, rejected) == (result["refused_stored"], result["refused_rejected"])
             result["postgres_events_per_s_with_refusals"] = round(per_s)
     result["row_at_a_time_events_per_s"] = round(rows_per_s)
-    print(f"{args.events} events in batches of {args.batch}; row-at-a-time baseline on {args.row_events} events (SQLite); "
-          f"batched/row speed-up {result['sqlite_events_per_s'] / rows_per_s:.0f}x")
+    print(
+        f"{args.events} events in batches of {args.batch}; row-at-a-time baseline on {args.row_events} events (SQLite); "
+        f"batched/row speed-up {result['sqlite_events_per_s'] / rows_per_s:.0f}x"
+    )
     return result
 
 
 # -- reliability --------------------------------------------------------------------------------
+
 
 def _found(url: str, keys: set[str]) -> int:
     with SessionStore(url) as store, store.engine.connect() as conn:
@@ -126,8 +133,9 @@ def kill_every_point(fresh: Callable[[], str], child: Any, stride: int) -> dict[
 
     def run(url: str, kill_at: int) -> list[tuple[str, int]]:
         report.unlink(missing_ok=True)
-        process = ctx.Process(target=child.run_writer, args=(url, str(report)),
-                              kwargs={"writer": "w", "batches": 2, "size": 40, "kill_at": kill_at})
+        process = ctx.Process(
+            target=child.run_writer, args=(url, str(report)), kwargs={"writer": "w", "batches": 2, "size": 40, "kill_at": kill_at}
+        )
         process.start()
         process.join()
         return child.reported(report)[0]
@@ -158,8 +166,9 @@ def kill_mid_batch(fresh: Callable[[], str], child: Any, runs: int) -> dict[str,
     written = 0
     for n in range(runs):
         report = directory / f"r{n}"
-        process = ctx.Process(target=child.run_writer, args=(url, str(report)),
-                              kwargs={"writer": f"w{n}", "batches": 10**6, "size": 400})
+        process = ctx.Process(
+            target=child.run_writer, args=(url, str(report)), kwargs={"writer": f"w{n}", "batches": 10**6, "size": 400}
+        )
         process.start()
         while len(child.reported(report)[0]) < 2 and process.is_alive():
             time.sleep(0.01)
@@ -180,9 +189,21 @@ def concurrent_first_use(fresh: Callable[[], str], child: Any, writers: int = 4)
     url = fresh()
     directory = Path(tempfile.mkdtemp())
     start = ctx.Event()
-    processes = [ctx.Process(target=child.run_writer, args=(url, str(directory / f"w{n}")), kwargs={
-        "writer": f"w{n}", "batches": 5, "size": 200, "shared": 100, "start": start, "stderr": str(directory / f"e{n}"),
-    }) for n in range(writers)]
+    processes = [
+        ctx.Process(
+            target=child.run_writer,
+            args=(url, str(directory / f"w{n}")),
+            kwargs={
+                "writer": f"w{n}",
+                "batches": 5,
+                "size": 200,
+                "shared": 100,
+                "start": start,
+                "stderr": str(directory / f"e{n}"),
+            },
+        )
+        for n in range(writers)
+    ]
     for process in processes:
         process.start()
     start.set()
@@ -196,8 +217,12 @@ def concurrent_first_use(fresh: Callable[[], str], child: Any, writers: int = 4)
     with SessionStore(url) as store, store.engine.connect() as conn:
         rows = list(conn.scalars(select(EventRow.event_key)))
     return {
-        "writers": writers, "written": writers * 5 * 300, "distinct": len(keys), "stored_rows": len(rows),
-        "duplicates": len(rows) - len(set(rows)), "lost": len(keys - set(rows)),
+        "writers": writers,
+        "written": writers * 5 * 300,
+        "distinct": len(keys),
+        "stored_rows": len(rows),
+        "duplicates": len(rows) - len(set(rows)),
+        "lost": len(keys - set(rows)),
         "failed_writers": sum(p.exitcode != 0 for p in processes),
         "stderr_lines": sum(len((directory / f"e{n}").read_text().splitlines()) for n in range(writers)),
     }
@@ -223,8 +248,15 @@ def full_disk(path: Path) -> dict[str, int]:
     with SessionStore(url) as store:  # no cap: room again
         retried = store.write(batch).stored
         found = len(store.events())
-    return {"written": written, "stored_before_full": stored, "found_when_full": found_full,
-            "refused_as_outage": refused, "stored_on_retry": retried, "found": found, "lost": written - found}
+    return {
+        "written": written,
+        "stored_before_full": stored,
+        "found_when_full": found_full,
+        "refused_as_outage": refused,
+        "stored_on_retry": retried,
+        "found": found,
+        "lost": written - found,
+    }
 
 
 def reliability(args: argparse.Namespace, sqlite: Callable[[], str], postgres: Callable[[], str] | None) -> dict[str, Any]:

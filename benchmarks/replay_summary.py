@@ -49,12 +49,15 @@ def rows(folder: Path) -> list[tuple[str, str, float]]:
             seer, limit = cell(runs, "clairvoyant", c, r), cell(runs, UNLIMITED, c, r)
             ratio = ours["throughput_tok_s"] / best["throughput_tok_s"]
             ttft = (ours["ttft_mean_s"] / best["ttft_mean_s"] - 1) * 100
-            line = (f"| {folder.name} | {c} ×{r:g} | {ours['throughput_tok_s']:.0f} | {best['policy']} "
-                    f"{best['throughput_tok_s']:.0f} | **{ratio:.2f}×** | {ours['ttft_mean_s']:.2f} s ({ttft:+.0f}%; best "
-                    f"{fastest['policy']} {fastest['ttft_mean_s']:.2f}) | "
-                    + (f"{ours['throughput_tok_s'] / seer['throughput_tok_s']:.2f}" if seer else "-") + " | "
-                    + (f"{ours['throughput_tok_s'] / limit['throughput_tok_s']:.2f}" if limit else "-")
-                    + f" | {ours['tier_moves'] / hours:,.0f} |")
+            line = (
+                f"| {folder.name} | {c} ×{r:g} | {ours['throughput_tok_s']:.0f} | {best['policy']} "
+                f"{best['throughput_tok_s']:.0f} | **{ratio:.2f}×** | {ours['ttft_mean_s']:.2f} s ({ttft:+.0f}%; best "
+                f"{fastest['policy']} {fastest['ttft_mean_s']:.2f}) | "
+                + (f"{ours['throughput_tok_s'] / seer['throughput_tok_s']:.2f}" if seer else "-")
+                + " | "
+                + (f"{ours['throughput_tok_s'] / limit['throughput_tok_s']:.2f}" if limit else "-")
+                + f" | {ours['tier_moves'] / hours:,.0f} |"
+            )
             out.append((line, f"{folder.name} C={c} ×{r:g}", ratio))
     return out
 
@@ -71,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     if not cells:
         print("replay_summary: error: no cell with maitred and a baseline at C >= 50 in these folders", file=sys.stderr)
         return 1
-    print("| matrix | C ×host | maitred tok/s | best baseline | × | maitred mean TTFT (vs that baseline; best TTFT) "
-          "| × clairvoyant | × unlimited | tier moves/h |")
+    print(
+        "| matrix | C ×host | maitred tok/s | best baseline | × | maitred mean TTFT (vs that baseline; best TTFT) "
+        "| × clairvoyant | × unlimited | tier moves/h |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(line for line, _, _ in cells))
     low, high = min(cells, key=lambda x: x[2]), max(cells, key=lambda x: x[2])

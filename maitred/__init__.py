@@ -35,8 +35,17 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 __all__ = [
-    "EmitterSettings", "agent", "configure", "flush", "handoff", "llm_call", "program", "shutdown",
-    "stats", "tool", "tool_call",
+    "EmitterSettings",
+    "agent",
+    "configure",
+    "flush",
+    "handoff",
+    "llm_call",
+    "program",
+    "shutdown",
+    "stats",
+    "tool",
+    "tool_call",
 ]
 
 

@@ -37,8 +37,9 @@ def wait_http(url: str, *, timeout_s: float = 30.0, process: subprocess.Popen[An
         if process is not None and process.poll() is not None:
             args = process.args
             command = shlex.join(map(str, args)) if isinstance(args, (list, tuple)) else str(args)
-            raise RuntimeError(f"{command} exited with status {process.returncode} before {url} answered "
-                               "(its own output, above, says why)")
+            raise RuntimeError(
+                f"{command} exited with status {process.returncode} before {url} answered (its own output, above, says why)"
+            )
         try:
             if httpx.get(url, timeout=1.0).is_success:
                 return

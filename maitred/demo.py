@@ -71,8 +71,7 @@ def run_demo(db_url: str, *, programs: int = 6, seed: int = 0) -> None:
     """Run the workload into ``db_url`` and wait until every event is stored."""
     maitred.configure(db_url=db_url)
     threads = [
-        threading.Thread(target=copy_context().run, args=(_agent_program, i, seed), name=f"demo-{i}")
-        for i in range(programs)
+        threading.Thread(target=copy_context().run, args=(_agent_program, i, seed), name=f"demo-{i}") for i in range(programs)
     ]
     for thread in threads:
         thread.start()
@@ -100,8 +99,7 @@ def is_demo_database(path: Path) -> bool:
             header = f.read(72)
     except OSError:
         return False
-    return (len(header) == 72 and header.startswith(_SQLITE_MAGIC)
-            and int.from_bytes(header[68:72], "big") == DEMO_APPLICATION_ID)
+    return len(header) == 72 and header.startswith(_SQLITE_MAGIC) and int.from_bytes(header[68:72], "big") == DEMO_APPLICATION_ID
 
 
 def check_demo_target(path: Path) -> None:

@@ -179,8 +179,17 @@ class AdapterPublish(Event):
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.TYPE: cls
     for cls in (
-        ProgramStart, ProgramEnd, LLMStart, LLMEnd, ToolStart, ToolProgress, ToolEnd,
-        Handoff, ProgramWait, ProgramResume, AdapterPublish,
+        ProgramStart,
+        ProgramEnd,
+        LLMStart,
+        LLMEnd,
+        ToolStart,
+        ToolProgress,
+        ToolEnd,
+        Handoff,
+        ProgramWait,
+        ProgramResume,
+        AdapterPublish,
     )
 }
 _FIELDS: dict[str, tuple[str, ...]] = {name: tuple(f.name for f in fields(cls)) for name, cls in EVENT_TYPES.items()}
@@ -433,14 +442,14 @@ def _array_elements(text: str) -> list[str]:
         elif token in "]}":
             depth -= 1
             if depth == 0:
-                if text[match.end():].strip():
+                if text[match.end() :].strip():
                     raise EventError("body", "invalid JSON array: text after the closing bracket")
-                last = text[start:match.start()]
+                last = text[start : match.start()]
                 if elements or last.strip():
                     elements.append(last)
                 return elements
         elif token == "," and depth == 1:
-            elements.append(text[start:match.start()])
+            elements.append(text[start : match.start()])
             start = match.end()
     raise EventError("body", "invalid JSON array: its brackets never close")
 

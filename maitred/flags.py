@@ -17,11 +17,13 @@ def whole(minimum: int, maximum: int | None = None, *, unit: str = "whole number
             bound = f"between {minimum} and {maximum:,}" if maximum is not None else f"at least {minimum}"
             raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
         return value
+
     return parse
 
 
 def positive(unit: str = "number") -> Callable[[str], float]:
     """A positive, finite float (NaN and infinity would make a run hang or never end)."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -30,11 +32,13 @@ def positive(unit: str = "number") -> Callable[[str], float]:
         if not math.isfinite(value) or value <= 0:
             raise argparse.ArgumentTypeError(f"must be a positive, finite {unit}, got {text!r}")
         return value
+
     return parse
 
 
 def bounded(low: float, high: float, *, open_low: bool = False) -> Callable[[str], float]:
     """A float in [low, high] (or (low, high] with ``open_low``)."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -44,6 +48,7 @@ def bounded(low: float, high: float, *, open_low: bool = False) -> Callable[[str
             interval = f"{'(' if open_low else '['}{low:g}, {high:g}]"
             raise argparse.ArgumentTypeError(f"must be in {interval}, got {text!r}")
         return value
+
     return parse
 
 

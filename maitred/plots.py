@@ -4,7 +4,11 @@ from pathlib import Path
 
 from maitred.storage.queries import ProgramTimeline
 
-_LANES = {"llm": ("model (reasoning)", "tab:blue"), "tool": ("tools (acting)", "tab:orange"), "wait": ("human (waiting)", "tab:gray")}
+_LANES = {
+    "llm": ("model (reasoning)", "tab:blue"),
+    "tool": ("tools (acting)", "tab:orange"),
+    "wait": ("human (waiting)", "tab:gray"),
+}
 
 
 def timeline_png(timeline: ProgramTimeline, path: str | Path) -> Path:
@@ -23,8 +27,15 @@ def timeline_png(timeline: ProgramTimeline, path: str | Path) -> Path:
         ax.broken_barh(bars, (lane - 0.35, 0.7), facecolors=colour, label=label)
     for h in timeline.handoffs:
         ax.axvline(h["ts"] - origin, color="tab:red", linestyle="--", linewidth=1)
-        ax.text(h["ts"] - origin, 0.97, f" → {h['to_agent']}", color="tab:red", fontsize=8, va="top",
-                transform=ax.get_xaxis_transform())
+        ax.text(
+            h["ts"] - origin,
+            0.97,
+            f" → {h['to_agent']}",
+            color="tab:red",
+            fontsize=8,
+            va="top",
+            transform=ax.get_xaxis_transform(),
+        )
     ax.set_yticks(range(len(_LANES)), [label for label, _ in _LANES.values()])
     ax.set_xlabel("seconds since first event")
     totals = timeline.busy_idle()

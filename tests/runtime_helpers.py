@@ -7,12 +7,22 @@ NOW = 10_000.0
 
 
 def program(
-    pid: str, *, tokens: int = 1000, phase: Phase = Phase.ACTING, home: str | None = None, tier: Tier = Tier.WAITING,
-    cycles: list[tuple[float, float]] | None = None, returned: bool = False, tool: str | None = "bash",
-    tool_started: float = NOW - 1.0, agent: str = "coder", cached_on: dict[str, tuple[int, float]] | None = None,
+    pid: str,
+    *,
+    tokens: int = 1000,
+    phase: Phase = Phase.ACTING,
+    home: str | None = None,
+    tier: Tier = Tier.WAITING,
+    cycles: list[tuple[float, float]] | None = None,
+    returned: bool = False,
+    tool: str | None = "bash",
+    tool_started: float = NOW - 1.0,
+    agent: str = "coder",
+    cached_on: dict[str, tuple[int, float]] | None = None,
 ) -> ProgramState:
-    p = ProgramState(pid, agent=agent, phase=phase, phase_since=NOW, context_tokens=tokens, home_worker=home, tier=tier,
-                     returned=returned)
+    p = ProgramState(
+        pid, agent=agent, phase=phase, phase_since=NOW, context_tokens=tokens, home_worker=home, tier=tier, returned=returned
+    )
     if phase is Phase.ACTING and tool is not None and not returned:
         p.tool = OpenTool("call-" + pid, tool, None, tool_started)
     for c in cycles or []:
@@ -22,8 +32,13 @@ def program(
     return p
 
 
-def state(workers: list[tuple[str, int, int]], programs: list[ProgramState], cfg: SignalConfig | None = None, *,
-          prompts_held: bool = True) -> RuntimeState:
+def state(
+    workers: list[tuple[str, int, int]],
+    programs: list[ProgramState],
+    cfg: SignalConfig | None = None,
+    *,
+    prompts_held: bool = True,
+) -> RuntimeState:
     """``prompts_held``: the driver holds every program's prompts, as the replay does, so any
     warmup a policy proposes can be sent."""
     st = RuntimeState([WorkerState(w, gpu_tokens=g, cpu_tokens=c) for w, g, c in workers], cfg)

@@ -93,6 +93,7 @@ def test_write_back_keeps_more_than_the_gpu_on_a_host_pool_the_size_of_the_gpu()
     """Three programs of 5,010 tokens on a 12,000-token GPU with a 12,000-token host pool:
     write-through mirrors the GPU on the host, so the one pushed off the GPU has no copy left
     and recomputes; write-back copies it when it leaves, so it loads back."""
+
     def third_visit(write_back: bool) -> Request:
         w = WorkerModel("w", PROFILE, gpu_tokens=12_000, host_tokens=12_000, offload=True, write_back=write_back)
         for pid in ("a", "b"):
@@ -128,8 +129,9 @@ def test_stock_host_eviction_never_takes_the_copy_of_a_gpu_resident_block():
 
 
 def test_moris_patch_drops_host_copies_of_gpu_tier_programs_first():
-    w = WorkerModel("w", PROFILE, gpu_tokens=100_000, host_tokens=10_000, offload=True, typed_eviction=True,
-               host_evicts_gpu_copies=True)
+    w = WorkerModel(
+        "w", PROFILE, gpu_tokens=100_000, host_tokens=10_000, offload=True, typed_eviction=True, host_evicts_gpu_copies=True
+    )
     finish(w, req("q", 6_000))
     w.relabel({}, {"q": 1, "p": 2})  # q in the GPU tier, p in the host tier
     finish(w, req("p", 6_000), t=w.t)
@@ -244,8 +246,10 @@ def test_thunderagent_resume_skips_what_does_not_fit_the_total_and_places_by_roo
 
 def test_thunderagent_new_programs_queue_behind_paused_ones():
     new = program("new", tokens=1_000, phase=Phase.REASONING)
-    st_ = state([("w0", 100_000, 0), ("w1", 100_000, 0)],
-                [new, program("busy", tokens=5_000, phase=Phase.REASONING, home="w0", tier=Tier.GPU)])
+    st_ = state(
+        [("w0", 100_000, 0), ("w1", 100_000, 0)],
+        [new, program("busy", tokens=5_000, phase=Phase.REASONING, home="w0", tier=Tier.GPU)],
+    )
     decision = ThunderAgent().admit_at_arrival(st_.view(NOW), "new")
     assert decision is not None and [(a.program_id, a.worker) for a in decision.assignments] == [("new", "w1")]
     st_.programs["paused"] = program("paused", tokens=1_000, home="w0", tier=Tier.WAITING)
@@ -269,9 +273,14 @@ def test_mori_displaces_the_most_idle_gpu_programs_for_a_busy_one():
     assert [(m.program_id, m.dst) for m in decision.tier_moves] == [("idle", Tier.CPU), ("back", Tier.GPU)]
     plan = plan_tiers(st_.view(NOW), promote_waiting=True)
     assert plan.moves == []  # back is on the GPU now; the first state, undisplaced, is checked below
-    st2 = state([("w0", 8_000, 20_000)], [program("idle", tokens=3_488, home="w0", tier=Tier.GPU, cycles=[(1, 99)] * 3),
-                                          program("warm", tokens=3_488, home="w0", tier=Tier.GPU, cycles=[(6, 4)] * 3),
-                                          program("back", tokens=3_000, home="w0", tier=Tier.CPU, returned=True)])
+    st2 = state(
+        [("w0", 8_000, 20_000)],
+        [
+            program("idle", tokens=3_488, home="w0", tier=Tier.GPU, cycles=[(1, 99)] * 3),
+            program("warm", tokens=3_488, home="w0", tier=Tier.GPU, cycles=[(6, 4)] * 3),
+            program("back", tokens=3_000, home="w0", tier=Tier.CPU, returned=True),
+        ],
+    )
     assert plan_tiers(st2.view(NOW), promote_waiting=True).moves == []
 
 

@@ -17,7 +17,14 @@ def filled(db_url):
         raw = [
             {"type": "program.start", "ts": T0, "program_id": "p-1", "agent": "planner"},
             {"type": "llm.start", "ts": T0, "program_id": "p-1", "request_id": "r"},
-            {"type": "llm.end", "ts": T0 + 1, "program_id": "p-1", "request_id": "r", "prompt_tokens": 10, "completion_tokens": 2},
+            {
+                "type": "llm.end",
+                "ts": T0 + 1,
+                "program_id": "p-1",
+                "request_id": "r",
+                "prompt_tokens": 10,
+                "completion_tokens": 2,
+            },
             *tool_events("p-1", "grep", [0.1, 0.3, 0.2], start=T0 + 1),
             {"type": "handoff", "ts": T0 + 3, "program_id": "p-1", "from_agent": "planner", "to_agent": "coder"},
             {"type": "program.end", "ts": T0 + 4, "program_id": "p-1"},
@@ -64,7 +71,7 @@ def test_programs_and_timeline(filled, capsys, tmp_path):
     png = tmp_path / "timeline.png"
     assert main(["timeline", "p-1", "--db", filled, "--png", str(png), "--json"]) == 0
     out = capsys.readouterr().out
-    doc = json.loads(out[out.index("{"):])
+    doc = json.loads(out[out.index("{") :])
     assert doc["totals"]["acting_s"] == pytest.approx(0.6) and len(doc["handoffs"]) == 1
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     assert main(["timeline", "missing", "--db", filled]) == 1
@@ -84,11 +91,17 @@ def test_piped_tables_are_not_cut_to_80_columns(tmp_path):
     with SessionStore(url) as store:
         store.write([ProgramStart(ts=T0, program_id=long_id, agent="a-rather-long-agent-name-for-a-table")])
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-    piped = subprocess.run([sys.executable, "-m", "maitred", "programs", "--db", url], capture_output=True,
-                           text=True, env=env, check=True).stdout
+    piped = subprocess.run(
+        [sys.executable, "-m", "maitred", "programs", "--db", url], capture_output=True, text=True, env=env, check=True
+    ).stdout
     assert long_id in piped and "a-rather-long-agent-name-for-a-table" in piped and "…" not in piped
-    narrow = subprocess.run([sys.executable, "-m", "maitred", "programs", "--db", url], capture_output=True,
-                            text=True, env={**env, "COLUMNS": "80"}, check=True).stdout
+    narrow = subprocess.run(
+        [sys.executable, "-m", "maitred", "programs", "--db", url],
+        capture_output=True,
+        text=True,
+        env={**env, "COLUMNS": "80"},
+        check=True,
+    ).stdout
     assert "…" not in narrow and long_id[:5] in narrow and long_id.count("x") <= narrow.count("x")
 
 
@@ -119,7 +132,9 @@ def test_unreachable_database_is_one_line_not_a_traceback(capsys):
 
 def test_offline_demo_runs_end_to_end(tmp_path):
     exe = Path(sys.executable).with_name("maitred")
-    result = subprocess.run([str(exe), "demo", "--offline", "--programs", "3"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [str(exe), "demo", "--offline", "--programs", "3"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert "(all)" in result.stdout and "3 programs" in result.stdout
     with SessionStore(f"sqlite:///{tmp_path / 'maitred-demo.db'}") as store:
@@ -131,8 +146,9 @@ def test_live_demo_compares_maitred_with_round_robin_through_the_gateway(tmp_pat
     """`make demo`: two simulated workers behind `maitred serve`, the same programs under both
     policies; every request answered, the history stored, the figure written."""
     exe = Path(sys.executable).with_name("maitred")
-    result = subprocess.run([str(exe), "demo", "--programs", "3", "--steps", "2"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=280)
+    result = subprocess.run(
+        [str(exe), "demo", "--programs", "3", "--steps", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=280
+    )
     assert result.returncode == 0, result.stderr
     rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in result.stdout.splitlines() if line.startswith("│ ")]
     policy_rows = {row[0][:7]: row for row in rows if row[0].startswith(("maitred", "round_r"))}

@@ -21,7 +21,9 @@ def test_help_lists_the_plugged_commands() -> None:
         assert f"\n    {name}" in out
 
 
-@pytest.mark.parametrize("argv", [["serve", "--port", "0"], ["sim-worker", "--gpu-tokens", "-5"], ["serve", "--worker", "ftp://x"]])
+@pytest.mark.parametrize(
+    "argv", [["serve", "--port", "0"], ["sim-worker", "--gpu-tokens", "-5"], ["serve", "--worker", "ftp://x"]]
+)
 def test_bad_flags_are_one_line_naming_the_flag(argv: list[str]) -> None:
     result = run(*argv)
     assert result.returncode == 2
@@ -53,15 +55,19 @@ def test_claude_code_hook_skips_the_full_cli(tmp_path) -> None:
 
 def test_claude_code_hook_records_a_payload_through_the_entry_point(tmp_path) -> None:
     db = tmp_path / "hooks.db"
-    payload = {"session_id": "s-1", "hook_event_name": "SessionStart", "source": "startup",
-               "transcript_path": str(tmp_path / "t.jsonl"), "cwd": str(tmp_path)}
+    payload = {
+        "session_id": "s-1",
+        "hook_event_name": "SessionStart",
+        "source": "startup",
+        "transcript_path": str(tmp_path / "t.jsonl"),
+        "cwd": str(tmp_path),
+    }
     result = run("hook", "claude-code", "--foreground", "--db", f"sqlite:///{db}", stdin=json.dumps(payload).encode())
     assert result.returncode == 0, result.stderr
     from maitred.storage import SessionStore
 
     with SessionStore(f"sqlite:///{db}", create=False) as store:
         assert [p.program_id for p in store.programs()] == ["s-1"]
-
 
 
 @pytest.mark.parametrize("command", [["sim-worker"], ["serve", "--worker", "http://127.0.0.1:9"]])

@@ -79,8 +79,10 @@ def test_the_totals_follow_every_change_the_state_makes():
             out.add(share_of(p, reserve), +1)
         return out
 
-    st = state([("w0", 50_000, 0), ("w1", 50_000, 0)], [program(f"p{i}", tokens=1_000 * i, home=f"w{i % 2}",
-                                                                 tier=Tier.GPU) for i in range(1, 9)])
+    st = state(
+        [("w0", 50_000, 0), ("w1", 50_000, 0)],
+        [program(f"p{i}", tokens=1_000 * i, home=f"w{i % 2}", tier=Tier.GPU) for i in range(1, 9)],
+    )
     core = RuntimeCore(st, "maitred")
     core.arrive("n1", NOW, prompt_tokens=3_000)
     core.step(NOW + 1)
@@ -89,6 +91,7 @@ def test_the_totals_follow_every_change_the_state_makes():
     core.end("p4", NOW + 3)
     fresh = totals_of(st.programs, st.cfg.reserve_tokens)
     live = st.totals()
+
     def nonzero(workers: dict[str, WorkerTotals]) -> dict[str, WorkerTotals]:
         return {w: t for w, t in workers.items() if t != WorkerTotals()}
 
@@ -101,9 +104,12 @@ def test_policies_keep_no_memory_between_steps():
     """A fresh policy object each step decides as one kept for the whole run: what a policy
     remembers (round robin's cursor, ThunderAgent's marks) lives in the state."""
     for name in POLICIES:
+
         def run(fresh: bool, name: str = name) -> list[Any]:
-            st = state([("w0", 9_000, 9_000), ("w1", 9_000, 9_000)],
-                       [program(f"p{i}", tokens=2_500, phase=Phase.REASONING) for i in range(6)])
+            st = state(
+                [("w0", 9_000, 9_000), ("w1", 9_000, 9_000)],
+                [program(f"p{i}", tokens=2_500, phase=Phase.REASONING) for i in range(6)],
+            )
             policy = make_policy(name)
             out = []
             for k in range(4):
@@ -113,6 +119,7 @@ def test_policies_keep_no_memory_between_steps():
                 for pid in list(st.programs)[k::3]:
                     st.apply(ToolStart(ts=NOW + k + 0.5, program_id=pid, call_id=f"c{k}", tool="bash"))
             return out
+
         assert run(fresh=True) == run(fresh=False), name
         assert vars(make_policy(name)) in ({}, {"preprefill": True}) or name == "cache_aware", name
 
@@ -135,8 +142,10 @@ def test_the_hold_bound_and_cadence_are_the_policys_in_both_drivers():
 
 
 def test_a_held_request_is_forced_to_its_home_else_the_least_loaded_worker():
-    st = state([("w0", 4_000, 0), ("w1", 4_000, 0)],
-               [program("a", tokens=3_000, home="w0", tier=Tier.GPU), program("big", tokens=5_000, phase=Phase.REASONING)])
+    st = state(
+        [("w0", 4_000, 0), ("w1", 4_000, 0)],
+        [program("a", tokens=3_000, home="w0", tier=Tier.GPU), program("big", tokens=5_000, phase=Phase.REASONING)],
+    )
     core = RuntimeCore(st, "maitred")
     assert core.arrive("big", NOW, prompt_tokens=5_000).worker is None and "big" in core.held
     assert core.hold_deadline("big") == NOW + HOLD_TIMEOUT_S
@@ -180,8 +189,9 @@ async def test_a_chat_programs_warmup_is_rendered_by_the_workers_tokenizer():
                 assert 'maitred_warmups_total{outcome="done"} 1.0' in runtime.metrics.render().decode()
             finally:
                 await runtime.stop()
-            r = await client.post(sim.url + "/v1/chat/completions", timeout=30,
-                                  json={"model": "sim", "max_tokens": 4, "messages": messages})
+            r = await client.post(
+                sim.url + "/v1/chat/completions", timeout=30, json={"model": "sim", "max_tokens": 4, "messages": messages}
+            )
     usage = r.json()["usage"]
     assert usage["prompt_tokens_details"]["cached_tokens"] > 0.8 * usage["prompt_tokens"], usage
 
@@ -190,8 +200,10 @@ def test_a_request_refused_for_want_of_workers_leaves_no_program_behind():
     dead = f"http://127.0.0.1:{free_port()}"
     gateway = build_app(ServeConfig([dead], runtime=LiveConfig(tick_s=0.2, poll_s=0.2)))
     with BackgroundServer(gateway.app) as server:
-        for body in ({"model": "sim", "program_id": "named", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]},
-                     {"model": "sim", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}):
+        for body in (
+            {"model": "sim", "program_id": "named", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]},
+            {"model": "sim", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]},
+        ):
             r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=30)
             assert r.status_code == 503 and "no worker" in r.json()["error"]["message"]
         assert httpx.get(server.url + "/v1/programs", timeout=10).json() == []
@@ -214,8 +226,7 @@ async def test_a_held_request_whose_client_leaves_stops_wanting_the_gpu():
         async with httpx.AsyncClient() as client:
             runtime = await _held_driver(sim, client)
             try:
-                waiting = asyncio.create_task(runtime.admit("big", request_id="r1", agent=None, model=None,
-                                                            prompt_tokens=50_000))
+                waiting = asyncio.create_task(runtime.admit("big", request_id="r1", agent=None, model=None, prompt_tokens=50_000))
                 while "big" not in runtime.core.held:
                     await asyncio.sleep(0.01)
                 waiting.cancel()
@@ -240,8 +251,7 @@ async def test_a_program_that_ends_while_held_has_its_request_let_through():
         async with httpx.AsyncClient() as client:
             runtime = await _held_driver(sim, client)
             try:
-                waiting = asyncio.create_task(runtime.admit("big", request_id="r1", agent=None, model=None,
-                                                            prompt_tokens=50_000))
+                waiting = asyncio.create_task(runtime.admit("big", request_id="r1", agent=None, model=None, prompt_tokens=50_000))
                 while "big" not in runtime.core.held:
                     await asyncio.sleep(0.01)
                 runtime.ingest([ProgramEnd(ts=runtime.clock(), program_id="big")])

@@ -25,14 +25,40 @@ EXAMPLES = [
     {"type": "program.start", "ts": NOW, "program_id": "p", "agent": "planner", "framework": "langgraph", "attrs": {"k": 1}},
     {"type": "program.end", "ts": NOW, "program_id": "p", "status": "error"},
     {"type": "llm.start", "ts": NOW, "program_id": "p", "request_id": "r1", "model": "m", "prompt_tokens": 10},
-    {"type": "llm.end", "ts": NOW, "program_id": "p", "request_id": "r1", "prompt_tokens": 10, "cached_tokens": 8,
-     "completion_tokens": 3, "worker": "http://w:30000", "ttft_s": 0.05, "status": "ok"},
-    {"type": "tool.start", "ts": NOW, "program_id": "p", "call_id": "c1", "tool": "Bash", "signature": "Bash:pytest",
-     "deadline_s": 120.0, "background": True},
+    {
+        "type": "llm.end",
+        "ts": NOW,
+        "program_id": "p",
+        "request_id": "r1",
+        "prompt_tokens": 10,
+        "cached_tokens": 8,
+        "completion_tokens": 3,
+        "worker": "http://w:30000",
+        "ttft_s": 0.05,
+        "status": "ok",
+    },
+    {
+        "type": "tool.start",
+        "ts": NOW,
+        "program_id": "p",
+        "call_id": "c1",
+        "tool": "Bash",
+        "signature": "Bash:pytest",
+        "deadline_s": 120.0,
+        "background": True,
+    },
     {"type": "tool.progress", "ts": NOW, "program_id": "p", "call_id": "c1", "fraction": 0.5, "eta_s": 3.0},
     {"type": "tool.end", "ts": NOW, "program_id": "p", "call_id": "c1", "status": "timeout", "duration_s": 120.0},
-    {"type": "handoff", "ts": NOW, "program_id": "p", "from_agent": "a", "to_agent": "b", "child_program_id": "c",
-     "messages": [{"role": "user", "content": "x"}], "expected_prompt": "You are b."},
+    {
+        "type": "handoff",
+        "ts": NOW,
+        "program_id": "p",
+        "from_agent": "a",
+        "to_agent": "b",
+        "child_program_id": "c",
+        "messages": [{"role": "user", "content": "x"}],
+        "expected_prompt": "You are b.",
+    },
     {"type": "program.wait", "ts": NOW, "program_id": "p", "reason": "Stop"},
     {"type": "program.resume", "ts": NOW, "program_id": "p"},
     {"type": "adapter.publish", "ts": NOW, "program_id": "p", "adapter": "lora-a", "version": "7"},
@@ -60,8 +86,16 @@ def test_every_event_type_has_an_example_that_round_trips():
         ({"type": "program.end", "ts": NOW, "program_id": "x" * 10_240}, "program_id", "at most 256"),
         ({"type": "program.end", "ts": NOW + 3600, "program_id": "p"}, "ts", "in the future"),
         ({"type": "program.end", "ts": NOW, "program_id": "p", "status": "exploded"}, "status", "'ok', 'error'"),
-        ({"type": "tool.progress", "ts": NOW, "program_id": "p", "call_id": "c", "fraction": 1.5}, "fraction", "less than or equal to 1"),
-        ({"type": "tool.end", "ts": NOW, "program_id": "p", "call_id": "c", "durations": 1.0}, "durations", "unknown field (in tool.end)"),
+        (
+            {"type": "tool.progress", "ts": NOW, "program_id": "p", "call_id": "c", "fraction": 1.5},
+            "fraction",
+            "less than or equal to 1",
+        ),
+        (
+            {"type": "tool.end", "ts": NOW, "program_id": "p", "call_id": "c", "durations": 1.0},
+            "durations",
+            "unknown field (in tool.end)",
+        ),
         ({"type": "program.end", "ts": NOW, "program_id": "p", "v": 2}, "v", "unsupported schema version"),
         ("not an object", "event", "expected a JSON object"),
     ],
@@ -75,8 +109,12 @@ def test_bad_event_names_the_field(data, field, words):
 
 
 def test_one_bad_event_does_not_drop_the_good_ones_beside_it():
-    items = [EXAMPLES[4], {"type": "nope", "ts": NOW, "program_id": "p"}, EXAMPLES[6],
-             {"type": "tool.end", "ts": NOW, "program_id": "p" * 300, "call_id": "c"}]
+    items = [
+        EXAMPLES[4],
+        {"type": "nope", "ts": NOW, "program_id": "p"},
+        EXAMPLES[6],
+        {"type": "tool.end", "ts": NOW, "program_id": "p" * 300, "call_id": "c"},
+    ]
     batch = decode_batch(items, now=NOW)
     assert [e.TYPE for e in batch.events] == ["tool.start", "tool.end"]
     assert [(r.index, r.field) for r in batch.rejected] == [(1, "type"), (3, "program_id")]
@@ -134,27 +172,59 @@ def _deep(levels: int) -> dict:
 
 UNSTORABLE = [
     # integers beyond what a 64-bit column holds
-    ({"type": "llm.end", "ts": NOW, "program_id": "p", "request_id": "r", "prompt_tokens": 10**20,
-      "completion_tokens": 1}, "prompt_tokens", "less than or equal to 9223372036854775807"),
-    ({"type": "handoff", "ts": NOW, "program_id": "p", "from_agent": "a", "to_agent": "b", "context_tokens": 2**63},
-     "context_tokens", "less than or equal to"),
+    (
+        {"type": "llm.end", "ts": NOW, "program_id": "p", "request_id": "r", "prompt_tokens": 10**20, "completion_tokens": 1},
+        "prompt_tokens",
+        "less than or equal to 9223372036854775807",
+    ),
+    (
+        {"type": "handoff", "ts": NOW, "program_id": "p", "from_agent": "a", "to_agent": "b", "context_tokens": 2**63},
+        "context_tokens",
+        "less than or equal to",
+    ),
     ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": {"n": [1, -(2**64)]}}, "attrs.n.1", "64-bit"),
     # NUL bytes, in a top-level string and deep inside free-form JSON (keys too)
     ({"type": "tool.start", "ts": NOW, "program_id": "p", "call_id": "c", "tool": "grep\x00"}, "tool", "NUL byte"),
     ({"type": "program.wait", "ts": NOW, "program_id": "p", "reason": "\x00"}, "reason", "NUL byte"),
-    ({"type": "handoff", "ts": NOW, "program_id": "p", "from_agent": "a", "to_agent": "b",
-      "messages": [{"role": "user", "content": [{"text": "a\x00b"}]}]}, "messages.0.content.0.text", "NUL byte"),
+    (
+        {
+            "type": "handoff",
+            "ts": NOW,
+            "program_id": "p",
+            "from_agent": "a",
+            "to_agent": "b",
+            "messages": [{"role": "user", "content": [{"text": "a\x00b"}]}],
+        },
+        "messages.0.content.0.text",
+        "NUL byte",
+    ),
     ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": {"a\x00": 1}}, "attrs", "key contains a NUL"),
-    ({"type": "handoff", "ts": NOW, "program_id": "p", "from_agent": "a", "to_agent": "b", "expected_prompt": "x\x00"},
-     "expected_prompt", "NUL byte"),
+    (
+        {"type": "handoff", "ts": NOW, "program_id": "p", "from_agent": "a", "to_agent": "b", "expected_prompt": "x\x00"},
+        "expected_prompt",
+        "NUL byte",
+    ),
     # lone surrogates (what bytes that are not UTF-8 become)
     ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": {"s": "\ud800"}}, "attrs.s", "not valid UTF-8"),
     # nesting and size of free-form JSON
     ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": _deep(300)}, "attrs.k.k", "deeper than 32"),
-    ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": {"blob": "x" * 70_000}}, "attrs",
-     "more than the 65536 allowed"),
-    ({"type": "handoff", "ts": NOW, "program_id": "p", "from_agent": "a", "to_agent": "b",
-      "messages": [{"content": "x" * (9 << 20)}]}, "messages", "more than the 8388608 allowed"),
+    (
+        {"type": "program.start", "ts": NOW, "program_id": "p", "attrs": {"blob": "x" * 70_000}},
+        "attrs",
+        "more than the 65536 allowed",
+    ),
+    (
+        {
+            "type": "handoff",
+            "ts": NOW,
+            "program_id": "p",
+            "from_agent": "a",
+            "to_agent": "b",
+            "messages": [{"content": "x" * (9 << 20)}],
+        },
+        "messages",
+        "more than the 8388608 allowed",
+    ),
     # numbers JSON cannot hold
     ({"type": "tool.end", "ts": NOW, "program_id": "p", "call_id": "c", "duration_s": float("inf")}, "duration_s", "finite"),
     ({"type": "program.start", "ts": NOW, "program_id": "p", "attrs": {"x": float("nan")}}, "attrs.x", "not a finite number"),

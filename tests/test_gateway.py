@@ -51,13 +51,28 @@ class Cluster:
 @pytest.fixture
 def cluster() -> Iterator[Callable[..., Cluster]]:
     with ExitStack() as stack:
-        def make(*, workers: int = 2, gpu_tokens: int = 200_000, cpu_tokens: int = 0, time_scale: float = 20.0,
-                 runtime: LiveConfig = FAST, **serve: Any) -> Cluster:
-            sims = [stack.enter_context(BackgroundServer(create_app(SimWorkerConfig(
-                gpu_tokens=gpu_tokens, cpu_tokens=cpu_tokens, time_scale=time_scale)))) for _ in range(workers)]
+
+        def make(
+            *,
+            workers: int = 2,
+            gpu_tokens: int = 200_000,
+            cpu_tokens: int = 0,
+            time_scale: float = 20.0,
+            runtime: LiveConfig = FAST,
+            **serve: Any,
+        ) -> Cluster:
+            sims = [
+                stack.enter_context(
+                    BackgroundServer(
+                        create_app(SimWorkerConfig(gpu_tokens=gpu_tokens, cpu_tokens=cpu_tokens, time_scale=time_scale))
+                    )
+                )
+                for _ in range(workers)
+            ]
             gateway = build_app(ServeConfig([s.url for s in sims], runtime=runtime, wait_for_workers_s=10, **serve))
             server = stack.enter_context(BackgroundServer(gateway.app))
             return Cluster(sims, gateway, server)
+
         yield make
 
 
@@ -72,13 +87,23 @@ def event(kind: str, pid: str, **fields: Any) -> dict[str, Any]:
     return {"type": kind, "ts": time.time(), "program_id": pid, **fields}
 
 
-async def run_program(client: httpx.AsyncClient, pid: str, steps: int, *, context_words: int = 200,
-                      tool_s: float = 0.05, end: bool = True, start_after_s: float = 0.0) -> list[str]:
+async def run_program(
+    client: httpx.AsyncClient,
+    pid: str,
+    steps: int,
+    *,
+    context_words: int = 200,
+    tool_s: float = 0.05,
+    end: bool = True,
+    start_after_s: float = 0.0,
+) -> list[str]:
     """One agent: model step, tool call (reported as events), next step with a longer context.
     Returns the worker the program was on after each step."""
     await asyncio.sleep(start_after_s)
-    history = [{"role": "system", "content": "you are a careful coding agent " * 8},
-               {"role": "user", "content": f"task {pid}: " + "fix the failing test " * (context_words // 4)}]
+    history = [
+        {"role": "system", "content": "you are a careful coding agent " * 8},
+        {"role": "user", "content": f"task {pid}: " + "fix the failing test " * (context_words // 4)},
+    ]
     workers = []
     for step in range(steps):
         r = await client.post("/v1/chat/completions", json=chat(pid, history))
@@ -140,8 +165,9 @@ async def test_concurrent_programs_stay_on_their_workers_and_cached_tokens_reach
     pids = [f"p{i}" for i in range(16)]
     async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
         # Agents start a little apart (as they do): each placement sees the load of the last ones.
-        placements = await asyncio.gather(*(run_program(client, pid, 4, end=False, start_after_s=0.05 * i)
-                                            for i, pid in enumerate(pids)))
+        placements = await asyncio.gather(
+            *(run_program(client, pid, 4, end=False, start_after_s=0.05 * i) for i, pid in enumerate(pids))
+        )
         for pid, workers in zip(pids, placements):
             assert len(set(workers)) == 1, f"{pid} moved between workers: {workers}"
         assert {w[0] for w in placements} == {s.url for s in c.workers}, "both workers get programs"
@@ -154,8 +180,10 @@ async def test_concurrent_programs_stay_on_their_workers_and_cached_tokens_reach
         assert c.metric(metrics, "maitred_cached_tokens_total") > 0
         assert c.metric(metrics, 'maitred_tool_duration_seconds_count{tool="pytest"}') == 64
     with SessionStore(db_url) as store:
+
         def stored() -> list[dict[str, Any]]:
             return [e for e in store.events("p3") if e["type"] == "llm.end"]
+
         ends = await until(lambda: len(stored()) == 4 and stored())
         assert all(e["cached_tokens"] is not None for e in ends) and max(e["cached_tokens"] for e in ends) > 0
         assert {e["worker"] for e in ends} == {infos["p3"]["worker"]}
@@ -165,15 +193,18 @@ async def test_concurrent_programs_stay_on_their_workers_and_cached_tokens_reach
 async def test_requests_without_a_program_id_are_one_step_programs(cluster):
     c = cluster(workers=1)
     async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
-        rs = await asyncio.gather(*(client.post("/v1/chat/completions", json=chat(None, [{"role": "user", "content": "hi"}]))
-                                    for _ in range(5)))
+        rs = await asyncio.gather(
+            *(client.post("/v1/chat/completions", json=chat(None, [{"role": "user", "content": "hi"}])) for _ in range(5))
+        )
         assert [r.status_code for r in rs] == [200] * 5
         assert (await client.get("/v1/programs")).json() == []
-        r = await client.post("/v1/completions", json={"model": "sim", "prompt": "def f(x):", "max_tokens": 4,
-                                                         "metadata": {"program_id": "text-1"}})
+        r = await client.post(
+            "/v1/completions", json={"model": "sim", "prompt": "def f(x):", "max_tokens": 4, "metadata": {"program_id": "text-1"}}
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
-        r = await client.post("/generate", json={"text": "hello world", "sampling_params": {"max_new_tokens": 3}},
-                              headers={"X-Program-Id": "gen-1"})
+        r = await client.post(
+            "/generate", json={"text": "hello world", "sampling_params": {"max_new_tokens": 3}}, headers={"X-Program-Id": "gen-1"}
+        )
         assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 3
         assert {p["program_id"] for p in (await client.get("/v1/programs")).json()} == {"text-1", "gen-1"}
 
@@ -181,8 +212,10 @@ async def test_requests_without_a_program_id_are_one_step_programs(cluster):
 async def test_streams_pass_through_and_report_usage_without_changing_what_the_client_sees(cluster):
     c = cluster(workers=1)
     body = chat("s1", [{"role": "user", "content": "stream please " * 30}], stream=True)
-    async with httpx.AsyncClient(base_url=c.url, timeout=60) as client, \
-            httpx.AsyncClient(base_url=c.workers[0].url, timeout=60) as direct:
+    async with (
+        httpx.AsyncClient(base_url=c.url, timeout=60) as client,
+        httpx.AsyncClient(base_url=c.workers[0].url, timeout=60) as direct,
+    ):
         through = (await client.post("/v1/chat/completions", json=body)).text
         plain = dict(body)
         del plain["program_id"]
@@ -193,8 +226,9 @@ async def test_streams_pass_through_and_report_usage_without_changing_what_the_c
         assert info["last_prompt_tokens"] > 0 and info["context_tokens"] > info["last_prompt_tokens"]
         asked = await client.post("/v1/chat/completions", json={**body, "stream_options": {"include_usage": True}})
         assert '"usage":{' in asked.text and (await client.get("/v1/programs/s1")).json()["last_cached_tokens"] > 0
-        gen = await client.post("/generate", json={"text": "abc " * 20, "stream": True, "program_id": "g1",
-                                                   "sampling_params": {"max_new_tokens": 5}})
+        gen = await client.post(
+            "/generate", json={"text": "abc " * 20, "stream": True, "program_id": "g1", "sampling_params": {"max_new_tokens": 5}}
+        )
         assert gen.text.endswith("data: [DONE]\n\n")
         assert (await client.get("/v1/programs/g1")).json()["last_prompt_tokens"] > 0
 
@@ -213,15 +247,18 @@ async def test_many_concurrent_streams_are_held_released_and_leave_nothing_behin
 
     async def tasks_now() -> int:
         return len(asyncio.all_tasks())
+
     assert gw.loop is not None
     baseline = asyncio.run_coroutine_threadsafe(tasks_now(), gw.loop).result(10)
     async with httpx.AsyncClient(base_url=c.url, timeout=120, limits=limits) as client:
         codes = await asyncio.gather(*(one(client, i) for i in range(300)))
         # Clients that go away mid-stream: the gateway must close their upstream streams too.
         for i in range(20):
-            async with client.stream("POST", "/v1/chat/completions",
-                                     json=chat(f"gone{i}", [{"role": "user", "content": "x " * 50}], stream=True,
-                                               max_tokens=200)) as r:
+            async with client.stream(
+                "POST",
+                "/v1/chat/completions",
+                json=chat(f"gone{i}", [{"role": "user", "content": "x " * 50}], stream=True, max_tokens=200),
+            ) as r:
                 async for _ in r.aiter_raw():
                     break
     assert codes == [200] * 300
@@ -233,6 +270,7 @@ async def test_many_concurrent_streams_are_held_released_and_leave_nothing_behin
     def check() -> bool:
         tasks, busy, inflight = asyncio.run_coroutine_threadsafe(settled(), gw.loop).result(10)
         return busy == 0 and inflight == 0 and tasks <= baseline
+
     await until(check)
     assert not gw.runtime._held
 
@@ -245,8 +283,7 @@ async def test_under_memory_pressure_idle_programs_are_demoted_newcomers_held_an
     # words are four characters, so the gateway's estimate before the first answer is the real size.
     # Host memory the size of the GPU and no overcommit: maitred's GPU tier is the GPU, so the
     # idle programs fill it (with more host memory it would admit the newcomers beside them).
-    c = cluster(workers=2, gpu_tokens=6_000, cpu_tokens=6_000,
-                runtime=replace(FAST, hold_timeout_s=1.5, overcommit_headroom=0.0))
+    c = cluster(workers=2, gpu_tokens=6_000, cpu_tokens=6_000, runtime=replace(FAST, hold_timeout_s=1.5, overcommit_headroom=0.0))
     async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
         first = [f"a{i}" for i in range(4)]
         histories = {}
@@ -259,9 +296,12 @@ async def test_under_memory_pressure_idle_programs_are_demoted_newcomers_held_an
         assert set(tiers.values()) == {"gpu"}
         newcomers = [f"n{i}" for i in range(2)]
         started = time.monotonic()
-        rs = await asyncio.gather(*(client.post("/v1/chat/completions",
-                                                json=chat(pid, [{"role": "user", "content": f"{pid} " + "new " * 1400}]))
-                                    for pid in newcomers))
+        rs = await asyncio.gather(
+            *(
+                client.post("/v1/chat/completions", json=chat(pid, [{"role": "user", "content": f"{pid} " + "new " * 1400}]))
+                for pid in newcomers
+            )
+        )
         assert [r.status_code for r in rs] == [200, 200] and time.monotonic() - started >= 1.0  # they were held
         metrics = (await client.get("/metrics")).text
         assert c.metric(metrics, "maitred_forced_admissions_total") >= 1
@@ -269,6 +309,7 @@ async def test_under_memory_pressure_idle_programs_are_demoted_newcomers_held_an
         async def some_idle_demoted() -> list[str]:
             programs = (await client.get("/v1/programs")).json()
             return [p["program_id"] for p in programs if p["program_id"] in first and p["tier"] != "gpu"]
+
         demoted = await until(some_idle_demoted)
         assert c.metric((await client.get("/metrics")).text, "maitred_tier_moves_total") >= 1
         for pid in demoted:  # the idle programs come back: tool ends, next step completes
@@ -291,11 +332,16 @@ async def test_admission_for_requests_that_reach_the_workers_another_way(cluster
         assert (await client.get("/v1/programs/lit-1")).json()["phase"] == "reasoning"
         r = await client.post("/v1/admit", json={"program_id": "lit-2", "prompt_tokens": 5_000})
         assert r.status_code == 200 and r.json()["forced"] and r.json()["waited_s"] >= 0.9, r.text
-        for body, field in (({"program_id": "x", "tokens": 3}, "tokens"), ({"model": "m"}, "program_id"),
-                            ({"program_id": "x", "prompt_tokens": -1}, "prompt_tokens")):
+        for body, field in (
+            ({"program_id": "x", "tokens": 3}, "tokens"),
+            ({"model": "m"}, "program_id"),
+            ({"program_id": "x", "prompt_tokens": -1}, "prompt_tokens"),
+        ):
             r = await client.post("/v1/admit", json=body)
             assert r.status_code == 400 and r.json()["error"]["field"] == field, r.text
-        assert (await client.post("/v1/admit", json={"program_id": "x"}, headers={"Authorization": "Bearer no"})).status_code == 401
+        assert (
+            await client.post("/v1/admit", json={"program_id": "x"}, headers={"Authorization": "Bearer no"})
+        ).status_code == 401
 
 
 # -- failures inside the gateway ------------------------------------------------------------------------
@@ -319,15 +365,23 @@ async def test_each_workers_hicache_write_policy_reaches_its_state_and_a_mirrori
     to the GPU's in maitred's tier sizing). Under maitred, one whose host pool is small enough for
     maitred to pick write-back but runs write-through gets one warning naming the flag, none
     after it comes back; one with a host pool large enough for write-through gets none."""
-    def sim(cpu_tokens: int, write_policy: str) -> SimWorkerThread:
-        return SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=50_000, cpu_tokens=cpu_tokens, time_scale=20.0,
-                                               hicache_write_policy=write_policy))
 
-    with sim(75_000, "write_back") as back, sim(75_000, "write_through") as through, \
-            sim(100_000, "write_through") as large, caplog.at_level(logging.INFO, "maitred.service"):
+    def sim(cpu_tokens: int, write_policy: str) -> SimWorkerThread:
+        return SimWorkerThread(
+            SimWorkerConfig(port=0, gpu_tokens=50_000, cpu_tokens=cpu_tokens, time_scale=20.0, hicache_write_policy=write_policy)
+        )
+
+    with (
+        sim(75_000, "write_back") as back,
+        sim(75_000, "write_through") as through,
+        sim(100_000, "write_through") as large,
+        caplog.at_level(logging.INFO, "maitred.service"),
+    ):
         async with httpx.AsyncClient() as client:
-            runtime = LiveDriver({w.url: SGLangClient(w.url, client) for w in (back, through, large)},
-                              LiveConfig(policy=policy, tick_s=0.2, poll_s=0.2))
+            runtime = LiveDriver(
+                {w.url: SGLangClient(w.url, client) for w in (back, through, large)},
+                LiveConfig(policy=policy, tick_s=0.2, poll_s=0.2),
+            )
             await runtime.start()
             try:
                 workers = runtime.state.workers
@@ -353,6 +407,7 @@ async def test_a_policy_that_raises_degrades_to_plain_routing(cluster):
 
     def broken(view):
         raise RuntimeError("policy bug")
+
     c.gateway.runtime.scheduler.policy.step = broken  # type: ignore[method-assign]
     async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
         placements = await asyncio.gather(*(run_program(client, f"p{i}", 3) for i in range(6)))
@@ -365,6 +420,7 @@ async def test_a_scheduler_step_that_raises_still_completes_every_request(cluste
 
     def broken(view):
         raise RuntimeError("scheduler bug")
+
     c.gateway.runtime.scheduler.plan = broken  # type: ignore[method-assign]
     async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
         started = time.monotonic()
@@ -373,7 +429,7 @@ async def test_a_scheduler_step_that_raises_still_completes_every_request(cluste
         assert all(len(set(w)) == 1 for w in placements), "sticky to their workers"
         metrics = (await client.get("/metrics")).text
         assert c.metric(metrics, "maitred_scheduler_errors_total") >= 1
-        assert c.metric(metrics, "maitred_requests_total{endpoint=\"chat\",outcome=\"ok\"}") == 18
+        assert c.metric(metrics, 'maitred_requests_total{endpoint="chat",outcome="ok"}') == 18
 
 
 # -- bad input --------------------------------------------------------------------------------------------
@@ -383,6 +439,7 @@ async def test_bad_input_gets_a_clear_4xx_and_disturbs_nothing(cluster):
     c = cluster(workers=1, token="s3cret", proxy=ProxyConfig(max_body_bytes=4096), max_events_bytes=2048)
     auth = {"Authorization": "Bearer s3cret"}
     async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
+
         async def refused(status: int, field: str | None, *args: Any, **kwargs: Any) -> None:
             r = await client.request(*args, **kwargs)
             assert r.status_code == status, r.text
@@ -393,13 +450,15 @@ async def test_bad_input_gets_a_clear_4xx_and_disturbs_nothing(cluster):
         await refused(400, "body", "POST", "/v1/chat/completions", content=b"[1, 2]", headers=JSON)
         await refused(400, "program_id", "POST", "/v1/chat/completions", json={"program_id": 5, "messages": []})
         await refused(400, "stream", "POST", "/v1/chat/completions", json={"stream": "yes", "messages": []})
-        await refused(400, "x-program-id", "POST", "/v1/chat/completions", json={"messages": []},
-                      headers={"X-Program-Id": "x" * 300})
+        await refused(
+            400, "x-program-id", "POST", "/v1/chat/completions", json={"messages": []}, headers={"X-Program-Id": "x" * 300}
+        )
         await refused(413, "body", "POST", "/v1/chat/completions", content=b"x" * 5000, headers=JSON)
 
         async def chunked() -> Any:
             for _ in range(10):
                 yield b"x" * 1000
+
         await refused(413, "body", "POST", "/v1/chat/completions", content=chunked(), headers=JSON)
         await refused(401, "authorization", "POST", "/v1/events", json=[event("program.start", "p")])
         await refused(401, "authorization", "GET", "/v1/programs", headers={"Authorization": "Bearer wrong"})
@@ -410,9 +469,14 @@ async def test_bad_input_gets_a_clear_4xx_and_disturbs_nothing(cluster):
         await refused(400, "body", "POST", "/v1/hooks/claude-code", content=b"nope", headers=auth)
         await refused(401, "authorization", "POST", "/v1/hooks/claude-code", json={"hook_event_name": "Stop"})
 
-        r = await client.post("/v1/events", headers=auth, content=(
-            b'{"type":"program.start","ts":%f,"program_id":"good"}\n{"type":"tool.start","ts":1,"program_id":"bad"}\n'
-            % time.time()))
+        r = await client.post(
+            "/v1/events",
+            headers=auth,
+            content=(
+                b'{"type":"program.start","ts":%f,"program_id":"good"}\n{"type":"tool.start","ts":1,"program_id":"bad"}\n'
+                % time.time()
+            ),
+        )
         assert r.status_code == 200 and r.json()["accepted"] == 1
         assert [x["index"] for x in r.json()["rejected"]] == [1] and r.json()["rejected"][0]["field"]
         r = await client.post("/v1/chat/completions", json=chat("good", [{"role": "user", "content": "still fine"}]))
@@ -428,18 +492,32 @@ JSON = {"content-type": "application/json"}
 async def test_claude_code_hook_payloads_become_program_state(cluster):
     c = cluster(workers=1)
     session = "cc-session-1"
-    pre = {"session_id": session, "hook_event_name": "PreToolUse", "tool_name": "Bash", "tool_use_id": "toolu_1",
-           "tool_input": {"command": "pytest -x tests", "timeout": 120000}}
+    pre = {
+        "session_id": session,
+        "hook_event_name": "PreToolUse",
+        "tool_name": "Bash",
+        "tool_use_id": "toolu_1",
+        "tool_input": {"command": "pytest -x tests", "timeout": 120000},
+    }
     async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
-        r = await client.post("/v1/hooks/claude-code", json={"session_id": session, "hook_event_name": "SessionStart",
-                                                              "source": "startup"})
+        r = await client.post(
+            "/v1/hooks/claude-code", json={"session_id": session, "hook_event_name": "SessionStart", "source": "startup"}
+        )
         assert r.status_code == 200 and r.json() == {} and r.headers["x-maitred-accepted"] == "1"
         assert r.headers["x-maitred-mapped"] == "true"
         assert (await client.post("/v1/hooks/claude-code", json=pre)).headers["x-maitred-accepted"] == "1"
         info = (await client.get(f"/v1/programs/{session}")).json()
         assert info["phase"] == "acting" and info["tool"]["signature"] == "Bash:pytest" and info["agent"] == "main"
-        r = await client.post("/v1/hooks/claude-code", json={"session_id": session, "hook_event_name": "PostToolUse",
-                                                              "tool_name": "Bash", "tool_use_id": "toolu_1", "duration_ms": 1500})
+        r = await client.post(
+            "/v1/hooks/claude-code",
+            json={
+                "session_id": session,
+                "hook_event_name": "PostToolUse",
+                "tool_name": "Bash",
+                "tool_use_id": "toolu_1",
+                "duration_ms": 1500,
+            },
+        )
         assert r.headers["x-maitred-accepted"] == "1"
         assert (await client.get(f"/v1/programs/{session}")).json()["readiness_source"] == "observed"
         stats = (await client.get("/v1/stats/tools")).json()
@@ -450,12 +528,15 @@ async def test_claude_code_hook_payloads_become_program_state(cluster):
 
 async def test_a_demoted_program_about_to_return_is_warmed_with_a_prefill_only_request(cluster):
     # No overcommit (maitred's GPU tier is the GPU): six fit, the seventh is forced in.
-    c = cluster(workers=1, gpu_tokens=40_000, cpu_tokens=40_000, runtime=replace(FAST, hold_timeout_s=1.0, overcommit_headroom=0.0))
+    c = cluster(
+        workers=1, gpu_tokens=40_000, cpu_tokens=40_000, runtime=replace(FAST, hold_timeout_s=1.0, overcommit_headroom=0.0)
+    )
     prompts = {f"t{i}": f"t{i} " + "tok " * 6_000 for i in range(7)}
 
     async def step(client: httpx.AsyncClient, pid: str) -> None:
-        r = await client.post("/v1/completions", json={"model": "sim", "prompt": prompts[pid], "max_tokens": 4,
-                                                         "program_id": pid})
+        r = await client.post(
+            "/v1/completions", json={"model": "sim", "prompt": prompts[pid], "max_tokens": 4, "program_id": pid}
+        )
         assert r.status_code == 200, r.text
 
     async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
@@ -467,6 +548,7 @@ async def test_a_demoted_program_about_to_return_is_warmed_with_a_prefill_only_r
 
         async def demoted() -> list[str]:
             return [p["program_id"] for p in (await client.get("/v1/programs")).json() if p["tier"] == "cpu"]
+
         down = await until(demoted)
         for pid in prompts:  # the others finish; the demoted ones' tools end: they will ask again soon
             if pid not in down:
@@ -476,6 +558,7 @@ async def test_a_demoted_program_about_to_return_is_warmed_with_a_prefill_only_r
 
         async def warmed() -> float:
             return c.metric((await client.get("/metrics")).text, 'maitred_warmups_total{outcome="done"}')
+
         assert await until(warmed) >= 1
         for pid in down:
             await step(client, pid)
@@ -491,6 +574,7 @@ async def test_a_handoff_consumer_is_warmed_with_the_prompt_the_handoff_announce
     coder = "you are the coder; the plan follows. " * 60 + planner
 
     async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
+
         async def ask(pid: str, prompt: str) -> dict[str, Any]:
             r = await client.post("/v1/completions", json={"model": "sim", "prompt": prompt, "max_tokens": 4, "program_id": pid})
             assert r.status_code == 200, r.text
@@ -531,16 +615,26 @@ async def test_a_new_programs_first_request_is_placed_when_it_arrives(cluster):
 
 async def test_tool_statistics_are_seeded_from_the_store_at_start(cluster, db_url):
     from maitred.events import ToolEnd, ToolStart
+
     with SessionStore(db_url) as store:
         now = time.time() - 100
-        store.write([e for i in range(8) for e in (
-            ToolStart(ts=now + i, program_id="old", call_id=f"c{i}", tool="pytest"),
-            ToolEnd(ts=now + i + 2.0, program_id="old", call_id=f"c{i}", duration_s=2.0))])
+        store.write(
+            [
+                e
+                for i in range(8)
+                for e in (
+                    ToolStart(ts=now + i, program_id="old", call_id=f"c{i}", tool="pytest"),
+                    ToolEnd(ts=now + i + 2.0, program_id="old", call_id=f"c{i}", duration_s=2.0),
+                )
+            ]
+        )
     c = cluster(workers=1, db_url=db_url)
     async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
+
         async def seeded() -> dict[str, Any]:  # the store is opened off the event loop, then seeds
             tools = (await client.get("/v1/stats/tools")).json()["tools"]
             return {r["tool"]: r for r in tools if not r.get("signature") and r["n"]}
+
         rows = await until(seeded)
         assert rows["pytest"]["n"] == 8 and rows["pytest"]["mean_s"] == pytest.approx(2.0)
         await client.post("/v1/events", json=[event("tool.start", "new", call_id="c", tool="pytest")])
@@ -579,8 +673,10 @@ async def test_a_store_that_is_down_or_unusable_never_stops_serving(cluster, tmp
         assert (await client.get("/v1/programs/p")).json()["phase"] == "acting"
         assert (await client.get("/healthz")).json()["status"] == "ok"
         if store == "corrupt":
+
             async def dropped() -> float:
                 return c.metric((await client.get("/metrics")).text, "maitred_dropped_events_total")
+
             assert await until(dropped) >= 1
 
 
@@ -590,9 +686,19 @@ def test_admission_estimates_learn_each_programs_characters_per_token():
 
     runtime = LiveDriver({})
     size = prompt_size({"messages": [{"role": "user", "content": "x" * 984}]})
-    assert size == PromptSize(chars=1000) and runtime.estimate_prompt("p", size) == 250   # 4 characters a token
-    runtime.completed("p", request_id="r", worker="w", prompt_tokens=100, completion_tokens=5, cached_tokens=None,
-                      ttft_s=None, ok=True, store=False, size=size)                        # this program: 10 a token
+    assert size == PromptSize(chars=1000) and runtime.estimate_prompt("p", size) == 250  # 4 characters a token
+    runtime.completed(
+        "p",
+        request_id="r",
+        worker="w",
+        prompt_tokens=100,
+        completion_tokens=5,
+        cached_tokens=None,
+        ttft_s=None,
+        ok=True,
+        store=False,
+        size=size,
+    )  # this program: 10 a token
     assert runtime.estimate_prompt("p", PromptSize(chars=3000)) == 300
     assert runtime.estimate_prompt("other", PromptSize(chars=3000)) == 750
     assert runtime.estimate_prompt("p", prompt_size({"input_ids": [1, 2, 3]})) == 3

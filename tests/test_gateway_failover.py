@@ -29,8 +29,9 @@ def sim_processes() -> Iterator[list[tuple[subprocess.Popen[bytes], str]]]:
     procs = []
     for _ in range(2):
         port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "maitred.sim.worker", "--port", str(port),
-                                 "--gpu-tokens", "200000", "--time-scale", "5"])
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "maitred.sim.worker", "--port", str(port), "--gpu-tokens", "200000", "--time-scale", "5"]
+        )
         url = f"http://127.0.0.1:{port}"
         procs.append((proc, url))
     try:
@@ -46,8 +47,9 @@ def sim_processes() -> Iterator[list[tuple[subprocess.Popen[bytes], str]]]:
 
 async def test_killed_worker_programs_move_and_no_request_fails(sim_processes):
     (victim, victim_url), (_, survivor_url) = sim_processes
-    gateway = build_app(ServeConfig([victim_url, survivor_url], runtime=LiveConfig(tick_s=0.2, poll_s=0.2),
-                                    wait_for_workers_s=10))
+    gateway = build_app(
+        ServeConfig([victim_url, survivor_url], runtime=LiveConfig(tick_s=0.2, poll_s=0.2), wait_for_workers_s=10)
+    )
     statuses: Counter[int] = Counter()
     homes: dict[str, set[str]] = {}
     killed = asyncio.Event()
@@ -56,8 +58,9 @@ async def test_killed_worker_programs_move_and_no_request_fails(sim_processes):
         history = [{"role": "user", "content": f"{pid} " + "word " * 400}]
         await asyncio.sleep(0.03 * int(pid[1:]))
         for step in range(6):
-            r = await client.post("/v1/chat/completions", json={"model": "sim", "program_id": pid, "messages": history,
-                                                                 "max_tokens": 32})
+            r = await client.post(
+                "/v1/chat/completions", json={"model": "sim", "program_id": pid, "messages": history, "max_tokens": 32}
+            )
             statuses[r.status_code] += 1
             assert r.status_code == 200, r.text
             history += [r.json()["choices"][0]["message"], {"role": "user", "content": f"result {step} " * 20}]

@@ -16,8 +16,13 @@ seconds = st.floats(min_value=0.0, max_value=1e5, allow_nan=False)
 
 @st.composite
 def programs(draw: st.DrawFn, pid: str) -> ProgramState:
-    p = ProgramState(pid, phase=draw(st.sampled_from(list(Phase))), phase_since=NOW + draw(st.floats(-1e4, 1e4)),
-                     open_reason_s=draw(seconds), open_act_s=draw(seconds))
+    p = ProgramState(
+        pid,
+        phase=draw(st.sampled_from(list(Phase))),
+        phase_since=NOW + draw(st.floats(-1e4, 1e4)),
+        open_reason_s=draw(seconds),
+        open_act_s=draw(seconds),
+    )
     p.cycles = deque(draw(st.lists(st.tuples(seconds, seconds), max_size=20)), maxlen=16)
     return p
 
@@ -42,8 +47,9 @@ def test_table_matches_idleness_through_puts_and_drops(cycles: int, ops: list[tu
 
 
 def test_a_snapshots_view_has_the_idleness_of_its_programs_as_the_live_view_does():
-    st_ = state([("w0", 10_000, 0)], [program(f"p{i}", cycles=[(1.0 + i, 2.5)] * i) for i in range(20)],
-                SignalConfig(idleness_cycles=3))
+    st_ = state(
+        [("w0", 10_000, 0)], [program(f"p{i}", cycles=[(1.0 + i, 2.5)] * i) for i in range(20)], SignalConfig(idleness_cycles=3)
+    )
     first = st_.snapshot()
     st_.apply(LLMStart(ts=NOW + 3, program_id="p4", request_id="r", prompt_tokens=100))
     st_.apply(ToolStart(ts=NOW + 4, program_id="p9", call_id="c", tool="grep"))

@@ -368,8 +368,12 @@ def test_events_the_database_refuses_are_isolated_and_counted(db_url, caplog):
         if db_url.startswith("postgresql"):
             conn.execute(text("ALTER TABLE tool_calls ADD CONSTRAINT no_poison CHECK (tool <> 'poison')"))
         else:
-            conn.execute(text("CREATE TRIGGER no_poison BEFORE INSERT ON tool_calls WHEN NEW.tool = 'poison' "
-                              "BEGIN SELECT RAISE(ABORT, 'tool: poison refused'); END"))
+            conn.execute(
+                text(
+                    "CREATE TRIGGER no_poison BEFORE INSERT ON tool_calls WHEN NEW.tool = 'poison' "
+                    "BEGIN SELECT RAISE(ABORT, 'tool: poison refused'); END"
+                )
+            )
     engine.dispose()
     maitred.configure(db_url=db_url, settings=EmitterSettings(interval_s=0.05))
 

@@ -14,8 +14,9 @@ def test_an_old_module_path_names_the_new_one_in_one_line(module):
     assert len(lines) == 1 and "maitred.gateway.serve" in lines[0] and "maitred.sim.worker" in lines[0], done.stderr
 
 
-@pytest.mark.parametrize(("old", "new"), [("maitred.runtime.service.loop", "maitred.gateway"),
-                                          ("maitred.integrations.local", "maitred.harness.local")])
+@pytest.mark.parametrize(
+    ("old", "new"), [("maitred.runtime.service.loop", "maitred.gateway"), ("maitred.integrations.local", "maitred.harness.local")]
+)
 def test_an_old_import_raises_an_import_error_naming_the_new_module(old, new):
     done = subprocess.run([sys.executable, "-c", f"import {old}"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and f"ImportError: {old.rsplit('.', 1)[0] if 'service' in old else old} moved" in done.stderr

@@ -40,8 +40,9 @@ def parity_trace() -> Trace:
     programs = []
     for i, size in enumerate(SIZES):
         agent = "coder" if i % 2 else "planner"
-        steps = tuple(Step(agent, size + 1_000 * k, 30 + 10 * i, tools=(ToolCall("Bash", 1.5 + 0.5 * ((i + k) % 3)),))
-                      for k in range(3))
+        steps = tuple(
+            Step(agent, size + 1_000 * k, 30 + 10 * i, tools=(ToolCall("Bash", 1.5 + 0.5 * ((i + k) % 3)),)) for k in range(3)
+        )
         programs.append(ProgramTrace(f"p{i}", steps))
     return Trace("parity", programs, {"planner": 500, "coder": 800})
 

@@ -31,8 +31,7 @@ def instances(draw):
     for j in range(n):
         weight = draw(st.integers(512, 12_000))
         values = tuple(
-            draw(st.one_of(st.none(), st.tuples(st.integers(0, 5000), st.integers(0, 1), st.integers(0, 8000))))
-            for _ in range(m)
+            draw(st.one_of(st.none(), st.tuples(st.integers(0, 5000), st.integers(0, 1), st.integers(0, 8000)))) for _ in range(m)
         )
         items.append(Item(f"p{j}", weight, values))
     return items, caps
@@ -79,8 +78,8 @@ def test_dp_equals_brute_force_never_loses_to_bfd_and_never_overfills(instance):
     plan = solve_dp(items, caps, quanta=QUANTA, state_budget=10**6)
     assert plan is not None
     d_items, d_caps = discretised(items, caps)
-    assert feasible(d_items, d_caps, plan)          # on the discretised capacities
-    assert feasible(items, caps, plan)              # hence on the real ones too
+    assert feasible(d_items, d_caps, plan)  # on the discretised capacities
+    assert feasible(items, caps, plan)  # hence on the real ones too
     assert objective(items, plan) == brute_force(d_items, d_caps)
     assert objective(items, plan) >= objective(d_items, solve_bfd(d_items, d_caps))
 

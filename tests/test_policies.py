@@ -22,8 +22,11 @@ TIGHT = SignalConfig(overcommit_headroom=0.0)
 
 def used(st, worker, tier, decision=None):
     lazy = {m.program_id for m in decision.tier_moves if m.lazy} if decision else set()
-    return sum(p.context_tokens + RESERVE for p in st.programs.values()
-               if p.home_worker == worker and p.tier is tier and p.program_id not in lazy)
+    return sum(
+        p.context_tokens + RESERVE
+        for p in st.programs.values()
+        if p.home_worker == worker and p.tier is tier and p.program_id not in lazy
+    )
 
 
 @st.composite
@@ -32,11 +35,17 @@ def tiered_states(draw):
     programs = []
     for j in range(draw(st.integers(0, 12))):
         phase = draw(st.sampled_from(list(Phase)))
-        programs.append(program(
-            f"p{j}", tokens=draw(st.integers(0, 9_000)), phase=phase,
-            home=draw(st.sampled_from([w for w, _, _ in workers])), tier=draw(st.sampled_from(list(Tier))),
-            cycles=[(draw(st.floats(0.1, 30)), draw(st.floats(0, 60)))], returned=draw(st.booleans()) and phase is Phase.ACTING,
-        ))
+        programs.append(
+            program(
+                f"p{j}",
+                tokens=draw(st.integers(0, 9_000)),
+                phase=phase,
+                home=draw(st.sampled_from([w for w, _, _ in workers])),
+                tier=draw(st.sampled_from(list(Tier))),
+                cycles=[(draw(st.floats(0.1, 30)), draw(st.floats(0, 60)))],
+                returned=draw(st.booleans()) and phase is Phase.ACTING,
+            )
+        )
     return workers, programs
 
 
@@ -69,8 +78,12 @@ def test_tiering_moves_nothing_down_while_capacities_hold(case):
         order = [Tier.WAITING, Tier.CPU, Tier.GPU]
         assert all(order.index(m.dst) > order.index(m.src) for m in plan.moves)  # promotions only
         promoted = {m.program_id for m in plan.moves}
-        assert all(st_.programs[pid].returned or st_.programs[pid].phase is not Phase.ACTING
-                   or st_.view(NOW).signals[pid].readiness.r == 1 for pid in promoted)
+        assert all(
+            st_.programs[pid].returned
+            or st_.programs[pid].phase is not Phase.ACTING
+            or st_.view(NOW).signals[pid].readiness.r == 1
+            for pid in promoted
+        )
 
 
 def test_gpu_over_capacity_demotes_the_most_idle_acting_program():
@@ -93,6 +106,7 @@ def test_maitred_demotes_by_idleness_per_token_where_mori_demotes_by_idleness():
     small: 1,488 (+512), ι = 0.8; busy: 1,488 (+512), reasoning. MORI demotes the most idle
     (big, ι 0.9). maitred ranks ι per token: small 0.8/2,000 = 4.0e-4 beats big 0.9/8,000 =
     1.1e-4, so small goes first; its 2,000 tokens cover the 2,000 over capacity and big stays."""
+
     def case():
         big = program("big", tokens=7_488, home="w0", tier=Tier.GPU, cycles=[(1, 9)] * 4)
         small = program("small", tokens=1_488, home="w0", tier=Tier.GPU, cycles=[(2, 8)] * 4)
@@ -110,6 +124,7 @@ def test_working_set_capacity_follows_the_busy_share_up_to_what_gpu_and_host_kee
     reasoning with no history (ι = 0): busy share 1, the tier is 0.9 / 1 → at least the GPU,
     so 10,000. All acting with ι = 0.75: busy share 0.25, 0.9 / 0.25 = 3.6, capped at
     max(1, host / GPU) + headroom: 2 + 0.4 = 2.4 with 20,000 host tokens, 1.4 with none."""
+
     def tier(phase, cycles, host):
         ps = [program(f"p{i}", tokens=9_488, phase=phase, home="w0", tier=Tier.GPU, cycles=cycles) for i in range(4)]
         for p in ps:
@@ -131,9 +146,9 @@ def test_with_write_back_the_host_pool_adds_to_the_gpu_in_the_tier_cap():
     """The same four acting programs (busy share 0.25, 0.9 / 0.25 = 3.6). With write-through a
     host pool the size of the GPU only mirrors it (cap 1 + 0.4 headroom); with write-back it
     holds what left the GPU (cap 1 + 1 + 0.4)."""
+
     def fill(write_back: bool) -> int:
-        ps = [program(f"p{i}", tokens=9_488, phase=Phase.ACTING, home="w0", tier=Tier.GPU, cycles=[(1, 3)] * 4)
-              for i in range(4)]
+        ps = [program(f"p{i}", tokens=9_488, phase=Phase.ACTING, home="w0", tier=Tier.GPU, cycles=[(1, 3)] * 4) for i in range(4)]
         for p in ps:
             p.phase_since = NOW
         st_ = state([("w0", 10_000, 10_000)], ps)
@@ -149,6 +164,7 @@ def test_maitred_demotes_only_above_its_ceiling_and_only_down_to_it():
     absorbs it where filling stops at 18,000. A sixth, reasoning program of 1,488 (+512) brings the
     share to (10,000 + 2,000) / 22,000 and the ceiling to 10,000 / 0.545 = 18,333: one program
     (the most idle per token) goes, leaving 18,000, not down to the fill level."""
+
     def case(extra):
         ps = [program(f"p{i}", tokens=3_488, home="w0", tier=Tier.GPU, cycles=[(1, 1)] * 4) for i in range(5)]
         if extra:
@@ -169,6 +185,7 @@ def test_maitred_admits_beyond_the_gpu_when_its_programs_mostly_wait_where_mori_
     request will be held. maitred's tier is sized by the busy share (0.1 → capped at 2.4 × the
     GPU): all three stay admitted, and the idle programs' KV leaves the GPU only if the engine
     needs the room (its host copy is already there)."""
+
     def case():
         idle = [program(f"i{k}", tokens=4_488, home="w0", tier=Tier.GPU, cycles=[(1, 9)] * 4) for k in range(2)]
         for p in idle:
@@ -203,6 +220,7 @@ def test_maitred_places_a_new_program_at_arrival_only_into_room_free_now():
     a alone (busy share 0.1) leaves 6,000 free in the 14,000 tier: the newcomer is placed at
     once — but not while another program waits for the GPU outside its tier. The tier is the
     size the last step planned (``tier_tokens``), so the arrival rule reads no other program."""
+
     def case(*, with_b=True, waiting=False):
         a = program("a", tokens=7_488, home="w0", tier=Tier.GPU, cycles=[(1, 9)] * 4)
         b = program("b", tokens=6_488, home="w0", tier=Tier.GPU, cycles=[(9, 1)] * 4)
@@ -229,6 +247,7 @@ def test_the_live_state_admits_at_once_within_the_tier_maitred_planned_beyond_th
     admitted at once by maitred's arrival rule (``RuntimeCore.arrive``, both drivers' path, no
     wait for a step): 12,000 planned in a 24,000-token tier. Before any step the tier is the
     GPU, and the same request is held."""
+
     def case():
         idle = [program(f"i{k}", tokens=4_488, home="w0", tier=Tier.GPU, cycles=[(1, 9)] * 4) for k in range(2)]
         back = program("back", tokens=1_488, home="w0", tier=Tier.CPU, cycles=[(1, 9)] * 4)
@@ -250,6 +269,7 @@ def test_the_plan_recheck_holds_maitreds_assignments_to_the_tier_it_planned():
     host tokens; two idle programs of 4,488 (+512) size the tier at 24,000; a newcomer of 9,488
     (+512) is placed beyond the GPU. Applied as planned, it stands; if meanwhile i0 grew by 8,000
     tokens (28,000 in a 24,000 tier), the re-check voids it and the newcomer is held."""
+
     def plan(grow: int):
         idle = [program(f"i{k}", tokens=4_488, home="w0", tier=Tier.GPU, cycles=[(1, 9)] * 4) for k in range(2)]
         new = program("new", tokens=9_488, phase=Phase.REASONING)
@@ -275,6 +295,7 @@ def test_maitred_brings_back_the_smallest_waiting_program_first_where_mori_takes
     reasoning filler of 2,488 (+512) in a 7,000-token GPU: 4,000 free, room for big alone, or
     for small with 2,000 to spare that big does not fit. MORI takes the least idle (big),
     maitred the smallest (small). TIGHT keeps maitred's tier at the GPU."""
+
     def case():
         big = program("big", tokens=3_488, home="w0", tier=Tier.CPU, returned=True, cycles=[(8, 2)])
         small = program("small", tokens=1_488, home="w0", tier=Tier.CPU, returned=True, cycles=[(2, 8)])
@@ -293,6 +314,7 @@ def test_maitred_holds_room_for_a_new_program_whose_first_request_is_overdue():
     +512) whose first request arrived ``age`` seconds ago. Only one fits. A fresh newcomer
     waits for placement behind the returning program, as before; one held over OVERDUE_S is
     placed first and the returning program waits."""
+
     def case(age: float):
         back = program("back", tokens=2_488, home="w0", tier=Tier.CPU, returned=True, cycles=[(2, 8)])
         new = program("new", tokens=2_488, phase=Phase.REASONING)

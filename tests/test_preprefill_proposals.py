@@ -47,12 +47,18 @@ def test_a_handoff_before_a_short_tool_is_still_warmed():
     after the handoff proposes the warmup before the coder asks."""
     tool, short = (ToolCall("Bash", 12.0),), (ToolCall("Read", 0.4),)
     teacher = ProgramTrace("coder-first", (Step("coder", 8_000, 50, tool), Step("coder", 8_500, 50)))
-    handoffs = [ProgramTrace(f"handoff-{i}", (
-        Step("planner", 7_000, 50, tool),
-        Step("planner", 8_000, 50, short),
-        Step("coder", 10_000, 50, tool, handoff_tokens=10_000),
-        Step("coder", 10_600, 50),
-    )) for i in range(6)]
+    handoffs = [
+        ProgramTrace(
+            f"handoff-{i}",
+            (
+                Step("planner", 7_000, 50, tool),
+                Step("planner", 8_000, 50, short),
+                Step("coder", 10_000, 50, tool, handoff_tokens=10_000),
+                Step("coder", 10_600, 50),
+            ),
+        )
+        for i in range(6)
+    ]
     trace = Trace("short-handoffs", [teacher, *handoffs], {"planner": 6_000, "coder": 7_000})
     on, off = (run_one(trace, RunConfig(p, 2, duration_s=600), EngineProfile()) for p in ("maitred", "maitred_no_preprefill"))
     assert on.handoff_ttft_mean_s is not None and off.handoff_ttft_mean_s is not None
@@ -69,6 +75,14 @@ def test_a_request_that_names_no_agent_is_the_consumers_and_stale_handoffs_expir
     assert [h.program_id for h in st_.view(NOW).handoffs] == ["p"]
     st_.request_arrived("p", NOW - 4, prompt_tokens=9_000)
     assert st_.view(NOW).handoffs == ()
-    st_.apply(Handoff(ts=NOW - HANDOFF_TTL_S - 1, program_id="q", agent="planner", from_agent="planner", to_agent="coder",
-                      context_tokens=1_000))
+    st_.apply(
+        Handoff(
+            ts=NOW - HANDOFF_TTL_S - 1,
+            program_id="q",
+            agent="planner",
+            from_agent="planner",
+            to_agent="coder",
+            context_tokens=1_000,
+        )
+    )
     assert st_.handoffs and st_.view(NOW).handoffs == () and st_.snapshot().view(NOW).handoffs == ()

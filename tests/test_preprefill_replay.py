@@ -24,12 +24,18 @@ def handoff_trace(programs: int = 6) -> Trace:
     tool = (ToolCall("Bash", 12.0),)
     teacher = ProgramTrace("coder-first", (Step("coder", 8_000, 50, tool), Step("coder", 8_500, 50)))
     shared = 3_000
-    handoffs = [ProgramTrace(f"handoff-{i}", (
-        Step("planner", 7_000, 50, tool),
-        Step("planner", 8_000, 50, tool),
-        Step("coder", PREFIX["coder"] + shared, 50, tool, handoff_tokens=PREFIX["coder"] + shared),
-        Step("coder", PREFIX["coder"] + shared + 600, 50),
-    )) for i in range(programs)]
+    handoffs = [
+        ProgramTrace(
+            f"handoff-{i}",
+            (
+                Step("planner", 7_000, 50, tool),
+                Step("planner", 8_000, 50, tool),
+                Step("coder", PREFIX["coder"] + shared, 50, tool, handoff_tokens=PREFIX["coder"] + shared),
+                Step("coder", PREFIX["coder"] + shared + 600, 50),
+            ),
+        )
+        for i in range(programs)
+    ]
     return Trace("handoffs", [teacher, *handoffs], dict(PREFIX))
 
 
@@ -80,13 +86,16 @@ def handoff_warmup(pid: str, tokens: int, *, worker: str = "w0", kind: str = "ha
 def test_a_handoff_consumer_in_the_gpu_tier_needs_only_the_room_beyond_its_own():
     """The consumer's prompt (another agent's prefix) replaces the producer's context, for which
     the plan already holds room (context + the 512-token reserve) on its home worker."""
-    view = state([("w0", 100_000, 100_000), ("w1", 100_000, 100_000)], [
-        program("home", tokens=20_000, home="w0", tier=Tier.GPU),
-        program("away", tokens=20_000, home="w0", tier=Tier.CPU),
-    ]).view(NOW)
+    view = state(
+        [("w0", 100_000, 100_000), ("w1", 100_000, 100_000)],
+        [
+            program("home", tokens=20_000, home="w0", tier=Tier.GPU),
+            program("away", tokens=20_000, home="w0", tier=Tier.CPU),
+        ],
+    ).view(NOW)
     assert room_needed(view, handoff_warmup("home", 12_000)) == 0
     assert room_needed(view, handoff_warmup("home", 30_000)) == 30_000 - 20_512
-    assert room_needed(view, handoff_warmup("away", 12_000)) == 12_000             # holds no GPU room
+    assert room_needed(view, handoff_warmup("away", 12_000)) == 12_000  # holds no GPU room
     assert room_needed(view, handoff_warmup("home", 12_000, worker="w1")) == 12_000  # not its home
     assert room_needed(view, handoff_warmup("home", 12_000, kind="recompute")) == 12_000  # same prompt grows
 
@@ -95,10 +104,13 @@ def test_under_load_only_warmups_that_need_no_new_room_are_admitted():
     """With foreground requests queued and no free KV (C=80), a consumer that fits in its own
     room is still warmed (the engine runs foreground prefill first, and it takes no memory a
     queued request waits for); one that needs more waits, as before."""
-    st_ = state([("w0", 100_000, 100_000)], [
-        program("fits", tokens=20_000, home="w0", tier=Tier.GPU),
-        program("grows", tokens=20_000, home="w0", tier=Tier.GPU),
-    ])
+    st_ = state(
+        [("w0", 100_000, 100_000)],
+        [
+            program("fits", tokens=20_000, home="w0", tier=Tier.GPU),
+            program("grows", tokens=20_000, home="w0", tier=Tier.GPU),
+        ],
+    )
     fits, grows = handoff_warmup("fits", 12_000, priority=2.0), handoff_warmup("grows", 30_000)
     st_.prompts.handoff |= {"fits", "grows"}  # the driver holds both consumers' prompts
     st_.workers["w0"].queued_requests = 2

@@ -15,8 +15,11 @@ def test_live_demo_runs_each_policy_and_records_everything(tmp_path):
     assert [r["policy"] for r in rows] == ["maitred", "round_robin"]
     # both policies against the same workers, run as maitred launches SGLang: a host pool of 1.5
     # GPUs is written back
-    assert lines == [f"{policy}: 4 programs through the gateway to 2 simulated workers (60,000 GPU and 90,000 host "
-                     "tokens each, HiCache write_back) ..." for policy in ("maitred", "round_robin")]
+    assert lines == [
+        f"{policy}: 4 programs through the gateway to 2 simulated workers (60,000 GPU and 90,000 host "
+        "tokens each, HiCache write_back) ..."
+        for policy in ("maitred", "round_robin")
+    ]
     for row in rows:
         assert row["requests"] == 8 and row["errors"] == 0 and row["ttft_mean_s"] > 0
         assert 0 < row["cache_hit_rate"] < 1

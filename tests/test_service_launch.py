@@ -83,8 +83,10 @@ def wait_gone(pids: list[int], timeout_s: float = 30.0) -> None:
 def test_launch_line_carries_the_flags_maitred_relies_on():
     launch = SGLangLaunch("/models/qwen", ("0", "3"), base_port=31000, hicache_ratio=2.5, extra_args=("--tp-size", "1"))
     specs = launch.specs()
-    assert [s.port for s in specs] == [31000, 31001] and [s.env for s in specs] == [{"CUDA_VISIBLE_DEVICES": "0"},
-                                                                                   {"CUDA_VISIBLE_DEVICES": "3"}]
+    assert [s.port for s in specs] == [31000, 31001] and [s.env for s in specs] == [
+        {"CUDA_VISIBLE_DEVICES": "0"},
+        {"CUDA_VISIBLE_DEVICES": "3"},
+    ]
     argv = specs[1].argv
     assert argv[1:5] == ("-m", "sglang.launch_server", "--model-path", "/models/qwen")
     for flag in REQUIRED_FLAGS:
@@ -94,14 +96,20 @@ def test_launch_line_carries_the_flags_maitred_relies_on():
     assert "--enable-priority-scheduling" not in argv
     assert specs[0].shell_line().startswith("CUDA_VISIBLE_DEVICES=0 ")
     assert launch.urls() == ["http://127.0.0.1:31000", "http://127.0.0.1:31001"]
-    for bad, flag in [(dict(gpus=()), "--gpus"), (dict(gpus=("0", "0")), "--gpus"), (dict(hicache_ratio=1.0), "--hicache-ratio"),
-                      (dict(base_port=65535), "--sglang-base-port")]:
+    for bad, flag in [
+        (dict(gpus=()), "--gpus"),
+        (dict(gpus=("0", "0")), "--gpus"),
+        (dict(hicache_ratio=1.0), "--hicache-ratio"),
+        (dict(base_port=65535), "--sglang-base-port"),
+    ]:
         with pytest.raises(ValueError, match=flag):
             SGLangLaunch("/m", **{"gpus": ("0",), **bad})
 
 
-@pytest.mark.parametrize(("ratio", "policy"), [(1.01, "write_back"), (1.5, "write_back"), (1.99, "write_back"),
-                                               (2, "write_through"), (4, "write_through")])
+@pytest.mark.parametrize(
+    ("ratio", "policy"),
+    [(1.01, "write_back"), (1.5, "write_back"), (1.99, "write_back"), (2, "write_through"), (4, "write_through")],
+)
 def test_a_host_pool_under_twice_the_gpu_is_written_back(ratio, policy):
     """maitred.runtime.hicache's rule: write-back makes a small host pool add to the GPU's
     instead of mirroring it; from 2 GPUs of host memory on, write-through costs less."""
@@ -132,14 +140,34 @@ def _serve(args: list[str], **kwargs) -> subprocess.Popen[bytes]:
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])
 def test_serve_launches_sglang_routes_to_it_and_takes_it_down_with_itself(standin, how):
     port, base = free_port(), two_free_ports()
-    serve = _serve(["--launch-sglang", "/models/m", "--gpus", "0,1", "--sglang-python", str(standin),
-                    "--sglang-base-port", str(base), "--port", str(port), "--no-db", "--tick", "0.2", "--log-level", "warning"])
+    serve = _serve(
+        [
+            "--launch-sglang",
+            "/models/m",
+            "--gpus",
+            "0,1",
+            "--sglang-python",
+            str(standin),
+            "--sglang-base-port",
+            str(base),
+            "--port",
+            str(port),
+            "--no-db",
+            "--tick",
+            "0.2",
+            "--log-level",
+            "warning",
+        ]
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/healthz", timeout_s=90, process=serve)
         health = httpx.get(f"http://127.0.0.1:{port}/healthz").json()
         assert sorted(health["workers"]) == [f"http://127.0.0.1:{base}", f"http://127.0.0.1:{base + 1}"]
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=30,
-                       json={"model": "m", "program_id": "p", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            timeout=30,
+            json={"model": "m", "program_id": "p", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        )
         assert r.status_code == 200
         children = [r["pid"] for r in records(standin)]
         assert len(children) == 2 and all(alive(pid) for pid in children)
@@ -154,38 +182,43 @@ def test_serve_launches_sglang_routes_to_it_and_takes_it_down_with_itself(standi
             serve.wait()
 
 
-@pytest.mark.parametrize("argv, flag", [
-    (["--worker", "ftp://host:1"], "--worker"),
-    (["--worker", "http://h:99999"], "--worker"),
-    (["--port", "0", "--worker", "http://127.0.0.1:1"], "--port"),
-    (["--policy", "fifo", "--worker", "http://127.0.0.1:1"], "--policy"),
-    (["--tick", "nan", "--worker", "http://127.0.0.1:1"], "--tick"),
-    (["--hold-timeout", "-1", "--worker", "http://127.0.0.1:1"], "--hold-timeout"),
-    (["--busy-margin", "0", "--worker", "http://127.0.0.1:1"], "--busy-margin"),
-    (["--busy-margin", "1.5", "--worker", "http://127.0.0.1:1"], "--busy-margin"),
-    (["--overcommit-headroom", "-0.1", "--worker", "http://127.0.0.1:1"], "--overcommit-headroom"),
-    (["--policy", "mori", "--overcommit-headroom", "0", "--worker", "http://127.0.0.1:1"], "--overcommit-headroom"),
-    (["--gpus", "0,0", "--launch-sglang", "/m"], "--gpus"),
-    (["--hicache-ratio", "1", "--launch-sglang", "/m"], "--hicache-ratio"),
-    ([], "--worker"),
-    (["--host", "0.0.0.0", "--worker", "http://127.0.0.1:1"], "--host"),
-    (["--no-db", "--db", "sqlite:///x.db", "--worker", "http://127.0.0.1:1"], "--no-db"),
-])
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--worker", "ftp://host:1"], "--worker"),
+        (["--worker", "http://h:99999"], "--worker"),
+        (["--port", "0", "--worker", "http://127.0.0.1:1"], "--port"),
+        (["--policy", "fifo", "--worker", "http://127.0.0.1:1"], "--policy"),
+        (["--tick", "nan", "--worker", "http://127.0.0.1:1"], "--tick"),
+        (["--hold-timeout", "-1", "--worker", "http://127.0.0.1:1"], "--hold-timeout"),
+        (["--busy-margin", "0", "--worker", "http://127.0.0.1:1"], "--busy-margin"),
+        (["--busy-margin", "1.5", "--worker", "http://127.0.0.1:1"], "--busy-margin"),
+        (["--overcommit-headroom", "-0.1", "--worker", "http://127.0.0.1:1"], "--overcommit-headroom"),
+        (["--policy", "mori", "--overcommit-headroom", "0", "--worker", "http://127.0.0.1:1"], "--overcommit-headroom"),
+        (["--gpus", "0,0", "--launch-sglang", "/m"], "--gpus"),
+        (["--hicache-ratio", "1", "--launch-sglang", "/m"], "--hicache-ratio"),
+        ([], "--worker"),
+        (["--host", "0.0.0.0", "--worker", "http://127.0.0.1:1"], "--host"),
+        (["--no-db", "--db", "sqlite:///x.db", "--worker", "http://127.0.0.1:1"], "--no-db"),
+    ],
+)
 def test_serve_refuses_bad_flags_naming_the_flag(argv, flag, monkeypatch):
     monkeypatch.delenv("MAITRED_TOKEN", raising=False)
-    result = subprocess.run([sys.executable, "-m", "maitred.gateway.serve", *argv], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run([sys.executable, "-m", "maitred.gateway.serve", *argv], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stderr
     assert flag in result.stderr and "Traceback" not in result.stderr
 
 
 def test_sglang_args_prints_the_launch_lines_and_the_serve_line():
-    code = ("import argparse, sys; from maitred.gateway.serve import add_sglang_args_arguments, run_sglang_args; "
-            "p = argparse.ArgumentParser(); add_sglang_args_arguments(p); sys.exit(run_sglang_args(p.parse_args(sys.argv[1:])))")
+    code = (
+        "import argparse, sys; from maitred.gateway.serve import add_sglang_args_arguments, run_sglang_args; "
+        "p = argparse.ArgumentParser(); add_sglang_args_arguments(p); sys.exit(run_sglang_args(p.parse_args(sys.argv[1:])))"
+    )
 
     def sglang_args(*argv: str) -> list[str]:
-        return subprocess.run([sys.executable, "-c", code, "/models/qwen", *argv], capture_output=True, text=True,
-                              check=True).stdout.splitlines()
+        return subprocess.run(
+            [sys.executable, "-c", code, "/models/qwen", *argv], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
 
     out = sglang_args("--gpus", "0,1")
     assert len(out) == 3 and out[0].startswith("CUDA_VISIBLE_DEVICES=0 ") and "--port 30001" in out[1]

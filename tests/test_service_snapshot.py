@@ -67,7 +67,7 @@ def test_apply_keeps_the_prefix_that_still_fits_live_memory():
     decision = sched.plan(view)
     assert len(decision.assignments) == 2
     intruder = program("c", tokens=3_000, home="w0", tier=Tier.GPU)
-    st.programs["c"] = intruder        # a forced admission took room meanwhile
+    st.programs["c"] = intruder  # a forced admission took room meanwhile
     applied = sched.apply(decision, view)
     assert len(applied.assignments) == 1 and applied.assignments == decision.assignments[:1]
 
@@ -94,6 +94,7 @@ def test_apply_drops_tier_moves_of_programs_that_moved():
 def test_arrival_takes_a_gpu_program_and_maitred_promotes_one_that_fits_at_home():
     """A GPU-tier program goes at once under every policy; a demoted one goes back to its home
     GPU at once only under maitred (the baselines wait for their step, as published)."""
+
     def case(policy):
         gpu = program("g", tokens=2_000, home="w0", tier=Tier.GPU)
         cpu = program("c", tokens=2_000, home="w0", tier=Tier.CPU)
@@ -129,10 +130,10 @@ def test_tool_events_that_arrive_after_the_next_step_began_still_count():
     st.apply(LLMStart(ts=NOW, program_id="a", request_id="r1"))
     st.apply(LLMEnd(ts=NOW + 1, program_id="a", request_id="r1", prompt_tokens=100, completion_tokens=5))
     st.apply(ToolStart(ts=NOW + 2, program_id="a", call_id="c1", tool="pytest"))
-    st.apply(LLMStart(ts=NOW + 5, program_id="a", request_id="r2"))              # its end is late
+    st.apply(LLMStart(ts=NOW + 5, program_id="a", request_id="r2"))  # its end is late
     st.apply(ToolEnd(ts=NOW + 4.5, program_id="a", call_id="c1"))
     st.apply(LLMEnd(ts=NOW + 6, program_id="a", request_id="r2", prompt_tokens=200, completion_tokens=5))
-    st.apply(LLMStart(ts=NOW + 9, program_id="a", request_id="r3"))              # both events late
+    st.apply(LLMStart(ts=NOW + 9, program_id="a", request_id="r3"))  # both events late
     st.apply(ToolStart(ts=NOW + 7, program_id="a", call_id="c2", tool="pytest"))
     assert st.programs["a"].phase is Phase.REASONING and st.programs["a"].tool is None, "a late start opens nothing"
     assert st.tool_for("a", "c2") is not None

@@ -41,23 +41,53 @@ from maitred.sim.worker.server import SimWorkerThread
 from tests.helpers import free_port
 
 SERVER_INFO: dict[str, Any] = {
-    "model_path": "Qwen/Qwen2.5-7B-Instruct", "tokenizer_path": "Qwen/Qwen2.5-7B-Instruct",
-    "served_model_name": "Qwen/Qwen2.5-7B-Instruct", "host": "0.0.0.0", "port": 30000, "tp_size": 1, "pp_size": 1,
-    "dp_size": 1, "page_size": 1, "context_length": None, "mem_fraction_static": 0.871, "max_running_requests": None,
-    "chunked_prefill_size": 8192, "enable_metrics": True, "enable_cache_report": True,
-    "enable_hierarchical_cache": True, "hicache_ratio": 2.0, "hicache_size": 0, "hicache_write_policy": "write_through",
-    "radix_eviction_policy": "priority", "enable_priority_scheduling": False, "kv_events_config": None,
+    "model_path": "Qwen/Qwen2.5-7B-Instruct",
+    "tokenizer_path": "Qwen/Qwen2.5-7B-Instruct",
+    "served_model_name": "Qwen/Qwen2.5-7B-Instruct",
+    "host": "0.0.0.0",
+    "port": 30000,
+    "tp_size": 1,
+    "pp_size": 1,
+    "dp_size": 1,
+    "page_size": 1,
+    "context_length": None,
+    "mem_fraction_static": 0.871,
+    "max_running_requests": None,
+    "chunked_prefill_size": 8192,
+    "enable_metrics": True,
+    "enable_cache_report": True,
+    "enable_hierarchical_cache": True,
+    "hicache_ratio": 2.0,
+    "hicache_size": 0,
+    "hicache_write_policy": "write_through",
+    "radix_eviction_policy": "priority",
+    "enable_priority_scheduling": False,
+    "kv_events_config": None,
     "launch_command": "python -m sglang.launch_server --model-path Qwen/Qwen2.5-7B-Instruct --enable-metrics "
-                      "--enable-cache-report --enable-hierarchical-cache --radix-eviction-policy priority",
-    "status": "ready", "max_total_num_tokens": 919_824, "max_req_input_len": 32_762, "startup_time": 1764500000.12,
+    "--enable-cache-report --enable-hierarchical-cache --radix-eviction-policy priority",
+    "status": "ready",
+    "max_total_num_tokens": 919_824,
+    "max_req_input_len": 32_762,
+    "startup_time": 1764500000.12,
     "kv_events": None,
-    "internal_states": [{
-        "world_size": 1, "startup_time": 1764500000.12, "effective_max_running_requests_per_dp": 4096,
-        "last_gen_throughput": 0.0,
-        "memory_usage": {"weight": 15.27, "kvcache": 52.746, "startup_available": 70.112, "token_capacity": 919_824,
-                         "token_capacity_swa": None, "graph": {"decode": 0.512}},
-    }],
-    "version": "0.5.23", "frontend": "python",
+    "internal_states": [
+        {
+            "world_size": 1,
+            "startup_time": 1764500000.12,
+            "effective_max_running_requests_per_dp": 4096,
+            "last_gen_throughput": 0.0,
+            "memory_usage": {
+                "weight": 15.27,
+                "kvcache": 52.746,
+                "startup_available": 70.112,
+                "token_capacity": 919_824,
+                "token_capacity_swa": None,
+                "graph": {"decode": 0.512},
+            },
+        }
+    ],
+    "version": "0.5.23",
+    "frontend": "python",
 }
 
 
@@ -72,35 +102,75 @@ def _server_info_dp2() -> dict[str, Any]:
 
 def _load(rank: int, running: int, waiting: int, used: int, usage: float, hit: float) -> dict[str, Any]:
     return {
-        "timestamp": 1764500100.5, "dp_rank": rank, "num_running_reqs": running, "num_waiting_reqs": waiting,
-        "num_waiting_uncached_tokens": 0, "num_used_tokens": used, "num_total_tokens": used, "num_active_tokens": used,
-        "num_prealloc_ready_tokens": 0, "max_total_num_tokens": 450_000, "max_running_requests": 4096, "token_usage": usage,
-        "gen_throughput": 812.4, "cache_hit_rate": hit, "utilization": 0.4, "total_prefill_uncached_tokens": 120_000,
-        "total_prefill_busy_us": 3_200_000, "decode_moments": None,
+        "timestamp": 1764500100.5,
+        "dp_rank": rank,
+        "num_running_reqs": running,
+        "num_waiting_reqs": waiting,
+        "num_waiting_uncached_tokens": 0,
+        "num_used_tokens": used,
+        "num_total_tokens": used,
+        "num_active_tokens": used,
+        "num_prealloc_ready_tokens": 0,
+        "max_total_num_tokens": 450_000,
+        "max_running_requests": 4096,
+        "token_usage": usage,
+        "gen_throughput": 812.4,
+        "cache_hit_rate": hit,
+        "utilization": 0.4,
+        "total_prefill_uncached_tokens": 120_000,
+        "total_prefill_busy_us": 3_200_000,
+        "decode_moments": None,
         "memory": {"weight_gb": 15.27, "kv_cache_gb": 25.8, "graph_gb": 0.512, "token_capacity": 450_000},
         "queues": {"waiting": waiting, "grammar": 0, "paused": 0, "retracted": 0, "prealloc_ready": 0},
     }
 
 
 LOADS: dict[str, Any] = {
-    "timestamp": "2026-11-30T12:00:00.000000+00:00", "version": "0.5.23", "accelerator": "NVIDIA H100 80GB HBM3",
+    "timestamp": "2026-11-30T12:00:00.000000+00:00",
+    "version": "0.5.23",
+    "accelerator": "NVIDIA H100 80GB HBM3",
     "num_accelerators": 1,
     "loads": [_load(0, 3, 1, 120_000, 0.27, 0.5), _load(1, 5, 0, 200_000, 0.44, 0.7)],
 }
 
 GENERATE_RESPONSE: dict[str, Any] = {
-    "text": " The answer", "output_ids": [576, 4226],
-    "meta_info": {"id": "5c1f0e0a8b2d4e6f", "finish_reason": {"type": "length", "length": 2}, "prompt_tokens": 1200,
-                  "weight_version": "default", "num_retractions": 0, "reasoning_tokens": 0, "completion_tokens": 2,
-                  "cached_tokens": 1024, "cached_tokens_details": {"device": 768, "host": 256}, "e2e_latency": 0.061},
+    "text": " The answer",
+    "output_ids": [576, 4226],
+    "meta_info": {
+        "id": "5c1f0e0a8b2d4e6f",
+        "finish_reason": {"type": "length", "length": 2},
+        "prompt_tokens": 1200,
+        "weight_version": "default",
+        "num_retractions": 0,
+        "reasoning_tokens": 0,
+        "completion_tokens": 2,
+        "cached_tokens": 1024,
+        "cached_tokens_details": {"device": 768, "host": 256},
+        "e2e_latency": 0.061,
+    },
 }
 
 CHAT_RESPONSE: dict[str, Any] = {
-    "id": "chatcmpl-8d6f", "object": "chat.completion", "created": 1764500200, "model": "Qwen/Qwen2.5-7B-Instruct",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi.", "reasoning_content": None},
-                 "logprobs": None, "finish_reason": "stop", "matched_stop": 151645}],
-    "usage": {"prompt_tokens": 2048, "total_tokens": 2051, "completion_tokens": 3,
-              "prompt_tokens_details": {"cached_tokens": 1920}, "reasoning_tokens": 0},
+    "id": "chatcmpl-8d6f",
+    "object": "chat.completion",
+    "created": 1764500200,
+    "model": "Qwen/Qwen2.5-7B-Instruct",
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "Hi.", "reasoning_content": None},
+            "logprobs": None,
+            "finish_reason": "stop",
+            "matched_stop": 151645,
+        }
+    ],
+    "usage": {
+        "prompt_tokens": 2048,
+        "total_tokens": 2051,
+        "completion_tokens": 3,
+        "prompt_tokens_details": {"cached_tokens": 1920},
+        "reasoning_tokens": 0,
+    },
     "metadata": {"weight_version": "default"},
 }
 
@@ -117,6 +187,7 @@ sglang:hicache_host_total_tokens{{{LABELS},dp_rank="1"}} 1839648.0
 
 
 # -- parsing ---------------------------------------------------------------------------------
+
 
 def test_server_info_gives_gpu_capacity_from_internal_states_and_host_from_the_hicache_ratio() -> None:
     assert parse_server_info(SERVER_INFO) == WorkerCapacity(919_824, 1_839_648, 1, "Qwen/Qwen2.5-7B-Instruct", "write_through")
@@ -156,16 +227,19 @@ def test_host_capacity_is_unknown_when_the_pool_is_sized_in_gigabytes() -> None:
     assert parse_server_info(body).host_tokens is None
 
 
-@pytest.mark.parametrize(("change", "field"), [
-    ({"dp_size": 0}, "dp_size"),
-    ({"model_path": 7}, "model_path"),
-    ({"max_total_num_tokens": "lots", "internal_states": []}, "max_total_num_tokens"),
-    ({"internal_states": [{"memory_usage": {"token_capacity": -1}}]}, "internal_states[0].memory_usage.token_capacity"),
-    ({"internal_states": [{"memory_usage": {}}]}, "token_capacity"),
-    ({"internal_states": "x"}, "internal_states"),
-    ({"hicache_write_policy": True}, "hicache_write_policy"),
-    ({"hicache_write_policy": ["write_back"], "enable_hierarchical_cache": False}, "hicache_write_policy"),
-])
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"dp_size": 0}, "dp_size"),
+        ({"model_path": 7}, "model_path"),
+        ({"max_total_num_tokens": "lots", "internal_states": []}, "max_total_num_tokens"),
+        ({"internal_states": [{"memory_usage": {"token_capacity": -1}}]}, "internal_states[0].memory_usage.token_capacity"),
+        ({"internal_states": [{"memory_usage": {}}]}, "token_capacity"),
+        ({"internal_states": "x"}, "internal_states"),
+        ({"hicache_write_policy": True}, "hicache_write_policy"),
+        ({"hicache_write_policy": ["write_back"], "enable_hierarchical_cache": False}, "hicache_write_policy"),
+    ],
+)
 def test_malformed_server_info_names_the_field(change: dict[str, Any], field: str) -> None:
     with pytest.raises(WorkerProtocolError, match=field.replace("[", r"\[").replace("]", r"\]")):
         parse_server_info({**SERVER_INFO, **change})
@@ -180,8 +254,9 @@ def test_server_info_with_no_capacity_at_all_is_refused() -> None:
 
 
 def test_loads_are_summed_over_ranks() -> None:
-    assert parse_loads(LOADS) == WorkerLoad(running=8, waiting=1, used_tokens=320_000, token_usage=0.44,
-                                            cache_hit_rate=pytest.approx(0.6), ranks=2)
+    assert parse_loads(LOADS) == WorkerLoad(
+        running=8, waiting=1, used_tokens=320_000, token_usage=0.44, cache_hit_rate=pytest.approx(0.6), ranks=2
+    )
 
 
 def test_loads_without_cache_hit_rates_report_none() -> None:
@@ -191,14 +266,19 @@ def test_loads_without_cache_hit_rates_report_none() -> None:
     assert parse_loads(body).cache_hit_rate is None
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ({"loads": []}, "loads"),
-    ({"version": "0.5.23"}, "loads"),
-    ({"loads": [_load(0, 1, 0, 10, 0.1, 0.0), {**_load(1, 1, 0, 10, 0.1, 0.0), "num_running_reqs": "2"}]},
-     r"loads\[1\]\.num_running_reqs"),
-    ({"loads": [{**_load(0, 1, 0, 10, 0.1, 0.0), "token_usage": float("nan")}]}, r"loads\[0\]\.token_usage"),
-    ({"loads": [{k: v for k, v in _load(0, 1, 0, 10, 0.1, 0.0).items() if k != "num_used_tokens"}]}, "num_used_tokens"),
-])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"loads": []}, "loads"),
+        ({"version": "0.5.23"}, "loads"),
+        (
+            {"loads": [_load(0, 1, 0, 10, 0.1, 0.0), {**_load(1, 1, 0, 10, 0.1, 0.0), "num_running_reqs": "2"}]},
+            r"loads\[1\]\.num_running_reqs",
+        ),
+        ({"loads": [{**_load(0, 1, 0, 10, 0.1, 0.0), "token_usage": float("nan")}]}, r"loads\[0\]\.token_usage"),
+        ({"loads": [{k: v for k, v in _load(0, 1, 0, 10, 0.1, 0.0).items() if k != "num_used_tokens"}]}, "num_used_tokens"),
+    ],
+)
 def test_malformed_loads_name_the_field(body: dict[str, Any], field: str) -> None:
     with pytest.raises(WorkerProtocolError, match=field):
         parse_loads(body)
@@ -210,7 +290,12 @@ def test_cached_tokens_from_every_response_shape() -> None:
     split_only = copy.deepcopy(GENERATE_RESPONSE)
     del split_only["meta_info"]["cached_tokens"]
     assert cached_tokens(split_only) == 1024
-    final_stream_chunk = {"id": "chatcmpl-8d6f", "object": "chat.completion.chunk", "choices": [], "usage": CHAT_RESPONSE["usage"]}
+    final_stream_chunk = {
+        "id": "chatcmpl-8d6f",
+        "object": "chat.completion.chunk",
+        "choices": [],
+        "usage": CHAT_RESPONSE["usage"],
+    }
     assert cached_tokens(final_stream_chunk) == 1920
 
 
@@ -240,6 +325,7 @@ def test_host_capacity_from_prometheus_text_sums_ranks() -> None:
 
 
 # -- the client against real servers ---------------------------------------------------------
+
 
 class FixtureServer:
     """A real HTTP server on 127.0.0.1 answering with the fixtures above; ``/server_info`` can be
@@ -317,12 +403,24 @@ def test_client_against_a_running_sim_worker() -> None:
             prompt = "shared context " * 200
             first = await worker.warmup(prompt)
             second = await worker.warmup(prompt)
-            return first, second, await worker.capacity(), await worker.load(), await worker.host_capacity(), \
-                await worker.healthy()
+            return (
+                first,
+                second,
+                await worker.capacity(),
+                await worker.load(),
+                await worker.host_capacity(),
+                await worker.healthy(),
+            )
 
     kv_port = free_port()
-    config = SimWorkerConfig(port=0, gpu_tokens=50_000, cpu_tokens=120_000, time_scale=20.0, hicache_write_policy="write_back",
-                             kv_events_config=f'{{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:{kv_port}"}}')
+    config = SimWorkerConfig(
+        port=0,
+        gpu_tokens=50_000,
+        cpu_tokens=120_000,
+        time_scale=20.0,
+        hicache_write_policy="write_back",
+        kv_events_config=f'{{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:{kv_port}"}}',
+    )
     with SimWorkerThread(config) as w:
         first, second, capacity, load, host, healthy = asyncio.run(check(w.url))
 
@@ -355,10 +453,18 @@ def test_client_against_a_running_sim_worker() -> None:
 H1, H2, H3 = -8_212_101_512_310_441_000, 4_411_902_118_775_002_113, 731_442_900_118_552_311
 
 
-def _stored(hashes: list[int], parent: int | None, tokens: int, *, medium: str = "GPU", session: str | None = None) -> dict[str, Any]:
-    event: dict[str, Any] = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
-                             "token_ids": list(range(100, 100 + tokens)), "block_size": tokens // len(hashes),
-                             "lora_id": None, "medium": medium}
+def _stored(
+    hashes: list[int], parent: int | None, tokens: int, *, medium: str = "GPU", session: str | None = None
+) -> dict[str, Any]:
+    event: dict[str, Any] = {
+        "type": "BlockStored",
+        "block_hashes": hashes,
+        "parent_block_hash": parent,
+        "token_ids": list(range(100, 100 + tokens)),
+        "block_size": tokens // len(hashes),
+        "lora_id": None,
+        "medium": medium,
+    }
     if session is not None:
         event["session_id"] = session
     return event
@@ -377,8 +483,14 @@ def _batch(*events: dict[str, Any]) -> bytes:
 def test_kv_event_batches_decode_in_both_encodings() -> None:
     from maitred.gateway.sglang.kv_events import KVEventError, decode_batch
 
-    batch = decode_batch(_batch(_stored([H1, H2], None, 32, session="p1"), _removed([H2]), {"type": "AllBlocksCleared"},
-                                {"type": "SomethingNewer", "x": 1}))
+    batch = decode_batch(
+        _batch(
+            _stored([H1, H2], None, 32, session="p1"),
+            _removed([H2]),
+            {"type": "AllBlocksCleared"},
+            {"type": "SomethingNewer", "x": 1},
+        )
+    )
     assert [e.kind for e in batch.events] == ["BlockStored", "BlockRemoved", "AllBlocksCleared"]
     assert batch.events[0].block_hashes == (H1, H2) and batch.events[0].tokens == 32
     assert batch.events[0].session_id == "p1" and batch.events[0].medium == "GPU"
@@ -402,8 +514,8 @@ def test_residency_follows_stores_evictions_and_host_copies() -> None:
     assert (tracker.session_tokens("p1"), tracker.session_tokens("p2")) == (32, 32)  # p2 shares p1's first block
     assert tracker.held_tokens() == 48 and tracker.prefix_tokens(H3) == 32
     tracker.apply(decode_batch(_batch(_stored([H2], H1, 16, medium="CPU_PINNED"), _removed([H2]))), seq=2)
-    assert tracker.session_tokens("p1") == 16                   # the leaf left the GPU; its parent is still there
-    assert tracker.session_tokens("p1", "CPU_PINNED") == 32     # HiCache kept a host copy
+    assert tracker.session_tokens("p1") == 16  # the leaf left the GPU; its parent is still there
+    assert tracker.session_tokens("p1", "CPU_PINNED") == 32  # HiCache kept a host copy
     tracker.apply(decode_batch(_batch(_removed([H2], "CPU_PINNED"))), seq=5)
     assert tracker.gaps == 2 and tracker.session_tokens("p1", "CPU_PINNED") == 0
     tracker.apply(decode_batch(_batch({"type": "AllBlocksCleared"})), seq=6)
@@ -416,8 +528,17 @@ def test_residency_follows_stores_evictions_and_host_copies() -> None:
 def test_kv_event_endpoints_come_from_server_info() -> None:
     from maitred.gateway.sglang.kv_events import endpoints_from_server_info
 
-    info = dict(SERVER_INFO, kv_events={"publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": 5557, "topic": "",
-                                        "block_size": 16, "dp_size": 2})
+    info = dict(
+        SERVER_INFO,
+        kv_events={
+            "publisher": "zmq",
+            "endpoint_host": "*",
+            "endpoint_port_base": 5557,
+            "topic": "",
+            "block_size": 16,
+            "dp_size": 2,
+        },
+    )
     assert endpoints_from_server_info("http://gpu-0:30000", info) == ["tcp://gpu-0:5557", "tcp://gpu-0:5558"]
     assert endpoints_from_server_info("http://gpu-0:30000", SERVER_INFO) == []
 

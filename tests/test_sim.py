@@ -40,10 +40,16 @@ def test_with_zero_tool_time_tiering_has_nothing_to_gain(small_trace):
     tiers barely move and maitred's extra signals buy nothing over MORI's plain tiering. (Both
     still beat ThunderAgent+offload by ~6% here: their GPU-tier admission control limits
     thrashing, which ThunderAgent, pausing only acting programs, does not do without tools.)"""
-    no_tools = Trace("no-tools", [
-        ProgramTrace(p.program_id, tuple(replace(s, tools=tuple(replace(t, duration_s=0.0) for t in s.tools)) for s in p.steps))
-        for p in small_trace.programs
-    ], small_trace.prefix_tokens)
+    no_tools = Trace(
+        "no-tools",
+        [
+            ProgramTrace(
+                p.program_id, tuple(replace(s, tools=tuple(replace(t, duration_s=0.0) for t in s.tools)) for s in p.steps)
+            )
+            for p in small_trace.programs
+        ],
+        small_trace.prefix_tokens,
+    )
     ours, mori = run(no_tools, "maitred"), run(no_tools, "mori")
     assert ours.throughput_tok_s == pytest.approx(mori.throughput_tok_s, rel=0.02)
     assert ours.tier_moves < 0.01 * ours.requests and mori.tier_moves < 0.01 * mori.requests
@@ -156,8 +162,10 @@ def test_synthetic_workload_matches_published_claude_code_statistics():
         busy.append(current)
     assert np.median(busy) == pytest.approx(20.0, rel=0.10)
     assert np.percentile(busy, 90) == pytest.approx(81.0, rel=0.20)
-    grows = [all(b.input_tokens > a.input_tokens for a, b in zip(p.steps, p.steps[1:]) if b.handoff_tokens is None)
-             for p in trace.programs]
+    grows = [
+        all(b.input_tokens > a.input_tokens for a, b in zip(p.steps, p.steps[1:]) if b.handoff_tokens is None)
+        for p in trace.programs
+    ]
     assert all(grows)
 
 
@@ -211,11 +219,23 @@ def test_swe_agent_reader_matches_the_files_and_the_data_readme():
 def test_tracelab_reader_keeps_good_rounds_and_names_bad_fields(tmp_path, caplog):
     path = tmp_path / "rounds.jsonl"
     rows = [
-        {"session_id": "s1", "round": 0, "input_tokens_total": 1000, "newly_append_tokens": 1000, "output_tokens": 50,
-         "tools": [{"name": "bash", "emitted_at": 10.0, "result_at": 12.5}]},
+        {
+            "session_id": "s1",
+            "round": 0,
+            "input_tokens_total": 1000,
+            "newly_append_tokens": 1000,
+            "output_tokens": 50,
+            "tools": [{"name": "bash", "emitted_at": 10.0, "result_at": 12.5}],
+        },
         {"session_id": "s1", "round": 1, "input_tokens_total": "many", "output_tokens": 50},
-        {"session_id": "s1", "round": 2, "input_tokens_total": 1400, "newly_append_tokens": 350, "output_tokens": 40,
-         "tools": [{"name": "grep", "emitted_at": 20.0, "result_at": 19.0}]},
+        {
+            "session_id": "s1",
+            "round": 2,
+            "input_tokens_total": 1400,
+            "newly_append_tokens": 350,
+            "output_tokens": 40,
+            "tools": [{"name": "grep", "emitted_at": 20.0, "result_at": 19.0}],
+        },
         {"round": 0, "input_tokens_total": 5, "output_tokens": 5},
         {"trace_id": "s2", "input_tokens_total": 700, "output_tokens": 30, "tools": []},
     ]
@@ -244,8 +264,14 @@ def test_maitred_export_replays(tmp_path):
     for i in range(4):
         raw += [
             {"type": "llm.start", "ts": t, "program_id": "p", "request_id": f"r{i}", "agent": "planner"},
-            {"type": "llm.end", "ts": t + 1, "program_id": "p", "request_id": f"r{i}", "prompt_tokens": 1000 + 500 * i,
-             "completion_tokens": 60},
+            {
+                "type": "llm.end",
+                "ts": t + 1,
+                "program_id": "p",
+                "request_id": f"r{i}",
+                "prompt_tokens": 1000 + 500 * i,
+                "completion_tokens": 60,
+            },
             {"type": "tool.start", "ts": t + 1, "program_id": "p", "call_id": f"c{i}", "tool": "Bash", "deadline_s": 30.0},
             {"type": "tool.end", "ts": t + 3, "program_id": "p", "call_id": f"c{i}"},
         ]
@@ -264,15 +290,48 @@ def test_bench_cli_writes_results_report_and_plots(tmp_path):
     from maitred.cli import main
 
     out = tmp_path / "bench"
-    assert main(["bench", "replay", "--trace", "synthetic:claude-code?programs=20&max_steps=20",
-                 "--policy", "thunderagent,maitred", "--concurrency", "4,8", "--cpu-ratio", "1",
-                 "--duration", "120", "--gpu-tokens", "150000", "--jobs", "1", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "replay",
+                "--trace",
+                "synthetic:claude-code?programs=20&max_steps=20",
+                "--policy",
+                "thunderagent,maitred",
+                "--concurrency",
+                "4,8",
+                "--cpu-ratio",
+                "1",
+                "--duration",
+                "120",
+                "--gpu-tokens",
+                "150000",
+                "--jobs",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     results = json.loads((out / "results.json").read_text())
     runs = results["runs"]
     assert {(r["policy"], r["concurrency"]) for r in runs} == {
-        (p, c) for p in ("thunderagent", "maitred", "unlimited") for c in (4, 8)}
-    for key in ("throughput_tok_s", "ttft_mean_s", "ttft_p95_s", "latency_mean_s", "latency_p95_s", "prefix_hit_rate",
-                "recomputed_tokens", "transfer_bytes", "tier_moves", "cpu_ratio"):
+        (p, c) for p in ("thunderagent", "maitred", "unlimited") for c in (4, 8)
+    }
+    for key in (
+        "throughput_tok_s",
+        "ttft_mean_s",
+        "ttft_p95_s",
+        "latency_mean_s",
+        "latency_p95_s",
+        "prefix_hit_rate",
+        "recomputed_tokens",
+        "transfer_bytes",
+        "tier_moves",
+        "cpu_ratio",
+    ):
         assert key in runs[0]
     report = (out / "report.md").read_text()
     assert "| maitred |" in report
@@ -291,9 +350,31 @@ def test_bench_cli_history_flag_reaches_the_runs(tmp_path):
     errors = {}
     for history in ("signature", "tool"):
         out = tmp_path / history
-        assert main(["bench", "replay", "--trace", "synthetic:claude-code?programs=20&max_steps=30", "--policy", "maitred",
-                     "--concurrency", "8", "--cpu-ratio", "1", "--duration", "600", "--history", history,
-                     "--jobs", "1", "--out", str(out)]) == 0
+        assert (
+            main(
+                [
+                    "bench",
+                    "replay",
+                    "--trace",
+                    "synthetic:claude-code?programs=20&max_steps=30",
+                    "--policy",
+                    "maitred",
+                    "--concurrency",
+                    "8",
+                    "--cpu-ratio",
+                    "1",
+                    "--duration",
+                    "600",
+                    "--history",
+                    history,
+                    "--jobs",
+                    "1",
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         errors[history] = json.loads((out / "results.json").read_text())["runs"][-1]["prediction_mae_s"]
         assert ("per-tool history" in (out / "report.md").read_text()) == (history == "tool")
     assert errors["signature"] is not None and errors["tool"] is not None and errors["signature"] != errors["tool"]
@@ -314,9 +395,33 @@ def test_bench_cli_sizing_flags_reach_maitreds_signal_config(tmp_path, monkeypat
 
     monkeypatch.setattr(replay.Replay, "__post_init__", spy)
     out = tmp_path / "sized"
-    assert main(["bench", "replay", "--trace", "synthetic:claude-code?programs=10&max_steps=20", "--policy", "maitred",
-                 "--concurrency", "4", "--cpu-ratio", "1", "--duration", "60", "--busy-margin", "0.5",
-                 "--overcommit-headroom", "0", "--jobs", "1", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "replay",
+                "--trace",
+                "synthetic:claude-code?programs=10&max_steps=20",
+                "--policy",
+                "maitred",
+                "--concurrency",
+                "4",
+                "--cpu-ratio",
+                "1",
+                "--duration",
+                "60",
+                "--busy-margin",
+                "0.5",
+                "--overcommit-headroom",
+                "0",
+                "--jobs",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert seen and set(seen) == {(0.5, 0.0)}
     assert "maitred's busy margin 0.5; maitred's overcommit headroom 0." in (out / "report.md").read_text()
     matrix = json.loads((out / "results.json").read_text())["matrix"]
@@ -338,11 +443,37 @@ def test_bench_cli_period_and_hold_flags_reach_every_policys_run(tmp_path, monke
 
     monkeypatch.setattr(replay.Replay, "__post_init__", spy)
     out = tmp_path / "cadence"
-    assert main(["bench", "replay", "--trace", "synthetic:claude-code?programs=10&max_steps=20", "--policy",
-                 "maitred,mori", "--concurrency", "4", "--cpu-ratio", "1", "--duration", "60", "--period", "2.5",
-                 "--hold-timeout", "60", "--jobs", "1", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "replay",
+                "--trace",
+                "synthetic:claude-code?programs=10&max_steps=20",
+                "--policy",
+                "maitred,mori",
+                "--concurrency",
+                "4",
+                "--cpu-ratio",
+                "1",
+                "--duration",
+                "60",
+                "--period",
+                "2.5",
+                "--hold-timeout",
+                "60",
+                "--jobs",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert {(policy, period, hold) for policy, period, hold in seen if policy != "round_robin"} == {
-        ("maitred", 2.5, 60.0), ("mori", 2.5, 60.0)}
+        ("maitred", 2.5, 60.0),
+        ("mori", 2.5, 60.0),
+    }
     assert "every policy's step period (s) 2.5; every policy's hold bound (s) 60." in (out / "report.md").read_text()
     matrix = json.loads((out / "results.json").read_text())["matrix"]
     assert (matrix["period_s"], matrix["hold_timeout_s"]) == (2.5, 60.0)
@@ -379,7 +510,9 @@ def test_synthetic_tool_scale_and_subagents():
     scaled = generate(SyntheticSpec(programs=30, seed=1, tool_scale=4))
     for p, q in zip(base.programs, scaled.programs):
         assert [s.input_tokens for s in p.steps] == [s.input_tokens for s in q.steps]
-        assert [t.duration_s * 4 for s in p.steps for t in s.tools] == pytest.approx([t.duration_s for s in q.steps for t in s.tools])
+        assert [t.duration_s * 4 for s in p.steps for t in s.tools] == pytest.approx(
+            [t.duration_s for s in q.steps for t in s.tools]
+        )
     with_sub = generate(SyntheticSpec(programs=30, seed=1, subagents=0.5))
     waits = [t.duration_s for p in with_sub.programs for s in p.steps for t in s.tools if t.signature == "Task:subagent"]
     assert waits and all(5 * NOMINAL_STEP_S <= d <= 20 * (NOMINAL_STEP_S + 2.0) for d in waits)
@@ -405,12 +538,34 @@ def test_replay_summary_prints_the_cross_matrix_row_of_each_cell_under_pressure(
     from maitred.cli import main
 
     out = tmp_path / "m"
-    assert main(["bench", "replay", "--trace", "synthetic:claude-code?programs=10&max_steps=20", "--policy",
-                 "thunderagent_offload,maitred", "--concurrency", "20,50", "--cpu-ratio", "1", "--duration", "120",
-                 "--jobs", "1", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "replay",
+                "--trace",
+                "synthetic:claude-code?programs=10&max_steps=20",
+                "--policy",
+                "thunderagent_offload,maitred",
+                "--concurrency",
+                "20,50",
+                "--cpu-ratio",
+                "1",
+                "--duration",
+                "120",
+                "--jobs",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     runs = json.loads((out / "results.json").read_text())["runs"]
-    ours, theirs = (next(r["throughput_tok_s"] for r in runs if r["policy"] == p and r["concurrency"] == 50)
-                    for p in ("maitred", "thunderagent_offload"))
+    ours, theirs = (
+        next(r["throughput_tok_s"] for r in runs if r["policy"] == p and r["concurrency"] == 50)
+        for p in ("maitred", "thunderagent_offload")
+    )
     script = Path(__file__).parents[1] / "benchmarks" / "replay_summary.py"
     printed = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, check=True).stdout
     rows = [line for line in printed.splitlines() if line.startswith("| m |")]

@@ -28,19 +28,33 @@ from tests.helpers import free_port
 
 SYSTEM = "You are a careful coding agent. Follow the repository conventions and explain nothing. " * 4
 TOOLS = [
-    {"type": "function", "function": {"name": "bash", "description": "run a shell command",
-                                      "parameters": {"type": "object", "properties": {"command": {"type": "string"},
-                                                                                       "timeout": {"type": "integer"}},
-                                                     "required": ["command"]}}},
-    {"type": "function", "function": {"name": "read_file", "parameters": {
-        "type": "object", "properties": {"path": {"type": "string"}, "mode": {"enum": ["text", "bytes"]}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "run a shell command",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}, "timeout": {"type": "integer"}},
+                "required": ["command"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "mode": {"enum": ["text", "bytes"]}}},
+        },
+    },
 ]
 
 
 @pytest.fixture
 def worker() -> Iterator[SimWorkerThread]:
-    with SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=200_000, cpu_tokens=400_000, time_scale=50.0,
-                                         script_tools=True)) as w:
+    with SimWorkerThread(
+        SimWorkerConfig(port=0, gpu_tokens=200_000, cpu_tokens=400_000, time_scale=50.0, script_tools=True)
+    ) as w:
         yield w
 
 
@@ -55,6 +69,7 @@ def _words(prefix: str, n: int) -> str:
 
 
 # -- shapes ----------------------------------------------------------------------------------
+
 
 def test_info_endpoints_have_sglangs_shapes(worker: SimWorkerThread) -> None:
     with httpx.Client() as client:
@@ -76,8 +91,16 @@ def test_info_endpoints_have_sglangs_shapes(worker: SimWorkerThread) -> None:
     assert models["object"] == "list" and models["data"][0]["owned_by"] == "sglang"
     assert set(loads) == {"timestamp", "version", "accelerator", "num_accelerators", "loads"}
     assert parse_loads(loads).ranks == 1
-    assert {"num_running_reqs", "num_waiting_reqs", "num_used_tokens", "token_usage", "cache_hit_rate",
-            "max_total_num_tokens", "memory", "queues"} <= set(loads["loads"][0])
+    assert {
+        "num_running_reqs",
+        "num_waiting_reqs",
+        "num_used_tokens",
+        "token_usage",
+        "cache_hit_rate",
+        "max_total_num_tokens",
+        "memory",
+        "queues",
+    } <= set(loads["loads"][0])
     assert "memory" not in core["loads"][0] and "num_used_tokens" in core["loads"][0]
 
 
@@ -91,7 +114,9 @@ def test_metrics_use_sglangs_names(worker: SimWorkerThread) -> None:
     assert samples["sglang:num_requests_total"].value == 1
     assert samples["sglang:prompt_tokens_total"].value == count_tokens("hello there") + 5
     assert samples["sglang:num_running_reqs"].labels["model_name"] == "maitred-sim-worker"
-    assert {"sglang:token_usage", "sglang:cache_hit_rate", "sglang:num_queue_reqs", "sglang:generation_tokens_total"} <= set(samples)
+    assert {"sglang:token_usage", "sglang:cache_hit_rate", "sglang:num_queue_reqs", "sglang:generation_tokens_total"} <= set(
+        samples
+    )
 
 
 def test_chat_and_completion_responses_have_openai_shapes(worker: SimWorkerThread) -> None:
@@ -103,7 +128,7 @@ def test_chat_and_completion_responses_have_openai_shapes(worker: SimWorkerThrea
     assert chat["object"] == "chat.completion" and chat["choices"][0]["finish_reason"] == "length"
     assert chat["usage"]["completion_tokens"] == 7 == count_tokens(chat["choices"][0]["message"]["content"])
     assert chat["usage"]["prompt_tokens"] == count_tokens("hi") + 3 + 2
-    assert plain["choices"][0]["finish_reason"] == "stop"      # no max_tokens: 15 words and the end token
+    assert plain["choices"][0]["finish_reason"] == "stop"  # no max_tokens: 15 words and the end token
     assert plain["usage"]["completion_tokens"] == 16
     assert completion["object"] == "text_completion" and completion["usage"]["completion_tokens"] == 16
     assert completion["usage"]["prompt_tokens"] == 4 and completion["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
@@ -115,7 +140,9 @@ def test_generate_prefill_only_and_cached_tokens_details(worker: SimWorkerThread
     with httpx.Client() as client:
         warm = client.post(worker.url + "/generate", json={"text": prompt, "sampling_params": {"max_new_tokens": 0}}).json()
         real = client.post(worker.url + "/generate", json={"text": prompt, "sampling_params": {"max_new_tokens": 4}}).json()
-        ids = client.post(worker.url + "/generate", json={"input_ids": list(range(40)), "sampling_params": {"max_new_tokens": 2}}).json()
+        ids = client.post(
+            worker.url + "/generate", json={"input_ids": list(range(40)), "sampling_params": {"max_new_tokens": 2}}
+        ).json()
     assert warm["text"] == "" and warm["output_ids"] == []
     assert warm["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
     assert warm["meta_info"]["cached_tokens"] == 0 and warm["meta_info"]["prompt_tokens"] == 300
@@ -130,8 +157,9 @@ def test_tokenize_renders_messages_as_the_chat_endpoint_does(worker: SimWorkerTh
     with httpx.Client() as client:
         chat = _chat(client, worker.url, messages, tools=TOOLS, tool_choice="none")
         as_chat = client.post(worker.url + "/v1/tokenize", json={"messages": messages, "tools": TOOLS}).json()
-        given = client.post(worker.url + "/tokenize", json={"messages": messages, "tools": TOOLS,
-                                                             "add_generation_prompt": False}).json()
+        given = client.post(
+            worker.url + "/tokenize", json={"messages": messages, "tools": TOOLS, "add_generation_prompt": False}
+        ).json()
         text = client.post(worker.url + "/v1/tokenize", json={"prompt": ["one two", "three"]}).json()
         both = client.post(worker.url + "/v1/tokenize", json={"prompt": "x", "messages": messages})
     assert as_chat["count"] == len(as_chat["tokens"]) == chat["usage"]["prompt_tokens"]
@@ -164,6 +192,7 @@ def test_a_chat_prefix_warmed_through_tokenize_and_generate_is_found_by_the_next
 
 # -- caching and eviction --------------------------------------------------------------------
 
+
 def test_a_programs_next_step_reports_its_previous_prompt_and_output_as_cached(worker: SimWorkerThread) -> None:
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "fix the failing test in parser.py"}]
     with httpx.Client() as client:
@@ -177,8 +206,13 @@ def test_a_programs_next_step_reports_its_previous_prompt_and_output_as_cached(w
 
 def test_programs_of_one_agent_share_its_system_prompt_and_tools(worker: SimWorkerThread) -> None:
     def first_step(client: httpx.Client, task: str) -> dict[str, Any]:
-        return _chat(client, worker.url, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}],
-                     tools=TOOLS, tool_choice="none")
+        return _chat(
+            client,
+            worker.url,
+            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}],
+            tools=TOOLS,
+            tool_choice="none",
+        )
 
     shared = render_chat([{"role": "system", "content": SYSTEM}, {"role": "user", "content": "x"}], TOOLS).prefix
     with httpx.Client() as client:
@@ -200,10 +234,20 @@ def _three_programs(url: str, *, priorities: tuple[int | None, int | None, int |
         reply = _chat(client, url, a, max_tokens=10, **({} if pa is None else {"priority": 0}))
         resident = reply["usage"]["total_tokens"]
         a += [reply["choices"][0]["message"], {"role": "user", "content": "and finish"}]
-        _chat(client, url, [{"role": "user", "content": _words("b", 1200)}], max_tokens=10,
-              **({} if pb is None else {"priority": pb}))
-        _chat(client, url, [{"role": "user", "content": _words("c", 1800)}], max_tokens=10,
-              **({} if pc is None else {"priority": pc}))
+        _chat(
+            client,
+            url,
+            [{"role": "user", "content": _words("b", 1200)}],
+            max_tokens=10,
+            **({} if pb is None else {"priority": pb}),
+        )
+        _chat(
+            client,
+            url,
+            [{"role": "user", "content": _words("c", 1800)}],
+            max_tokens=10,
+            **({} if pc is None else {"priority": pc}),
+        )
         return int(_chat(client, url, a, max_tokens=10)["usage"]["prompt_tokens_details"]["cached_tokens"]), resident
 
 
@@ -232,6 +276,7 @@ def test_priority_eviction_keeps_the_highest_priority_a_prefix_was_ever_given() 
 def test_evicted_kv_is_loaded_back_from_host_memory_with_hicache() -> None:
     config = SimWorkerConfig(port=0, gpu_tokens=3_000, cpu_tokens=10_000, time_scale=50.0)
     with SimWorkerThread(config) as w, httpx.Client() as client:
+
         def generate(text: str) -> dict[str, Any]:
             body = {"text": text, "sampling_params": {"max_new_tokens": 8}}
             return client.post(w.url + "/generate", json=body).json()
@@ -245,7 +290,8 @@ def test_evicted_kv_is_loaded_back_from_host_memory_with_hicache() -> None:
     details = again["meta_info"]["cached_tokens_details"]
     assert details["host"] > 0 and details["device"] + details["host"] == again["meta_info"]["cached_tokens"] == 1408
     assert 'sglang:cached_tokens_total{cache_source="host"' in host_hits.replace("engine_type", "").replace(
-        'model_name="maitred-sim-worker",pp_rank="0",tp_rank="0",', "").replace('{,', "{")
+        'model_name="maitred-sim-worker",pp_rank="0",tp_rank="0",', ""
+    ).replace("{,", "{")
 
 
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
@@ -254,12 +300,14 @@ def test_hicache_write_policy_decides_when_kv_is_copied_to_host_memory(policy: s
     it is evicted from the GPU. Either way the evicted program finds it in host memory."""
     config = SimWorkerConfig(port=0, gpu_tokens=3_000, cpu_tokens=10_000, time_scale=50.0, hicache_write_policy=policy)
     with SimWorkerThread(config) as w, httpx.Client() as client:
+
         def generate(text: str) -> dict[str, Any]:
             return client.post(w.url + "/generate", json={"text": text, "sampling_params": {"max_new_tokens": 8}}).json()
 
         def host_used() -> float:
-            samples = {s.name: s.value for f in text_string_to_metric_families(client.get(w.url + "/metrics").text)
-                       for s in f.samples}
+            samples = {
+                s.name: s.value for f in text_string_to_metric_families(client.get(w.url + "/metrics").text) for s in f.samples
+            }
             return samples["sglang:hicache_host_used_tokens"]
 
         info = client.get(w.url + "/server_info").json()
@@ -288,8 +336,14 @@ def test_kv_events_tell_what_the_next_request_will_find_cached(cpu_tokens: int, 
     from maitred.gateway.sglang.kv_events import KVEventSubscriber, endpoints_from_server_info
 
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    config = SimWorkerConfig(port=0, gpu_tokens=3_500, cpu_tokens=cpu_tokens, time_scale=50.0, hicache_write_policy=policy,
-                             kv_events_config=json.dumps({"publisher": "zmq", "endpoint": endpoint}))
+    config = SimWorkerConfig(
+        port=0,
+        gpu_tokens=3_500,
+        cpu_tokens=cpu_tokens,
+        time_scale=50.0,
+        hicache_write_policy=policy,
+        kv_events_config=json.dumps({"publisher": "zmq", "endpoint": endpoint}),
+    )
     system = {"role": "system", "content": SYSTEM}
     with SimWorkerThread(config) as w, httpx.Client() as client:
         info = client.get(w.url + "/server_info").json()
@@ -322,7 +376,7 @@ def test_kv_events_tell_what_the_next_request_will_find_cached(cpu_tokens: int, 
             computed = sum(r["usage"]["total_tokens"] for r in (first, b, c))
             cached = step("prog-a", a)["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert on_gpu < first["usage"]["total_tokens"]  # C evicted part of A from the GPU
-    assert (on_host > on_gpu) == bool(cpu_tokens)   # HiCache kept a host copy
+    assert (on_host > on_gpu) == bool(cpu_tokens)  # HiCache kept a host copy
     assert 0 <= cached - max(on_gpu, on_host) < 16
     if policy == "write_back":  # nothing is in both media: the host holds only what left the GPU
         assert held <= computed
@@ -366,6 +420,7 @@ def test_loads_count_running_requests_while_they_run() -> None:
 
 # -- streaming -------------------------------------------------------------------------------
 
+
 def _sse(client: httpx.Client, url: str, body: dict[str, Any]) -> list[Any]:
     events = []
     with client.stream("POST", url, json=body) as response:
@@ -380,8 +435,11 @@ def _sse(client: httpx.Client, url: str, body: dict[str, Any]) -> list[Any]:
 def test_streaming_chat_delivers_tokens_progressively_and_usage_at_the_end() -> None:
     messages = [{"role": "user", "content": "write a long answer"}]
     with SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=50_000, time_scale=1.0)) as w, httpx.Client() as client:
-        events = _sse(client, w.url + "/v1/chat/completions",
-                      {"messages": messages, "max_tokens": 200, "stream": True, "stream_options": {"include_usage": True}})
+        events = _sse(
+            client,
+            w.url + "/v1/chat/completions",
+            {"messages": messages, "max_tokens": 200, "stream": True, "stream_options": {"include_usage": True}},
+        )
         whole = _chat(client, w.url, messages, max_tokens=200)
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
@@ -398,7 +456,9 @@ def test_streaming_chat_delivers_tokens_progressively_and_usage_at_the_end() -> 
 def test_streaming_completions_and_generate(worker: SimWorkerThread) -> None:
     with httpx.Client() as client:
         completion = _sse(client, worker.url + "/v1/completions", {"prompt": "abc", "max_tokens": 30, "stream": True})
-        generate = _sse(client, worker.url + "/generate", {"text": "abc", "sampling_params": {"max_new_tokens": 30}, "stream": True})
+        generate = _sse(
+            client, worker.url + "/generate", {"text": "abc", "sampling_params": {"max_new_tokens": 30}, "stream": True}
+        )
     assert completion[-1] == generate[-1] == "[DONE]"
     text = "".join(c["choices"][0]["text"] for c in completion[:-1])
     assert count_tokens(text) == 30 and completion[-2]["choices"][0]["finish_reason"] == "length"
@@ -412,8 +472,14 @@ def test_a_stream_the_client_drops_is_aborted() -> None:
     """SGLang aborts a request whose client disconnects; so does the double (this one would
     otherwise decode for minutes)."""
     with SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=50_000, time_scale=1.0)) as w:
-        with httpx.Client() as client, client.stream("POST", w.url + "/v1/chat/completions", json={
-                "messages": [{"role": "user", "content": "go"}], "max_tokens": 20_000, "stream": True}) as response:
+        with (
+            httpx.Client() as client,
+            client.stream(
+                "POST",
+                w.url + "/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": "go"}], "max_tokens": 20_000, "stream": True},
+            ) as response,
+        ):
             lines = response.iter_lines()  # kept: a dropped iterator closes the connection when collected
             next(lines)
             assert parse_loads(httpx.get(w.url + "/v1/loads").json()).running == 1
@@ -421,7 +487,9 @@ def test_a_stream_the_client_drops_is_aborted() -> None:
         while parse_loads(httpx.get(w.url + "/v1/loads").json()).running:
             assert time.monotonic() < deadline, "the dropped stream kept running"
             time.sleep(0.05)
-        assert _chat(httpx.Client(), w.url, [{"role": "user", "content": "next"}], max_tokens=3)["usage"]["completion_tokens"] == 3
+        assert (
+            _chat(httpx.Client(), w.url, [{"role": "user", "content": "next"}], max_tokens=3)["usage"]["completion_tokens"] == 3
+        )
 
 
 def test_streamed_tool_calls_come_as_sglang_sends_them(worker: SimWorkerThread) -> None:
@@ -432,11 +500,14 @@ def test_streamed_tool_calls_come_as_sglang_sends_them(worker: SimWorkerThread) 
         whole = _chat(client, worker.url, messages, tools=TOOLS)["choices"][0]["message"]["tool_calls"][0]
     deltas = [c["choices"][0]["delta"]["tool_calls"][0] for c in events[:-1] if c["choices"][0]["delta"].get("tool_calls")]
     assert [(d["id"] is not None, d["function"]["name"]) for d in deltas] == [(True, "bash"), (False, None)]
-    assert deltas[0]["id"] == whole["id"] and "".join(d["function"]["arguments"] for d in deltas) == whole["function"]["arguments"]
+    assert (
+        deltas[0]["id"] == whole["id"] and "".join(d["function"]["arguments"] for d in deltas) == whole["function"]["arguments"]
+    )
     assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"
 
 
 # -- scripted tools --------------------------------------------------------------------------
+
 
 def _run_loop(client: httpx.Client, url: str, task: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
@@ -464,8 +535,9 @@ def test_script_tools_calls_tools_for_a_few_steps_then_answers(worker: SimWorker
     assert json.loads(calls[0]["function"]["arguments"]) == {"command": "command-0"}
     assert json.loads(calls[1]["function"]["arguments"]) == {"path": "path-1", "mode": "text"}
     assert replies[-1]["choices"][0]["message"]["content"] == "Finished after 3 tool calls ."
-    assert [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in replies[1:]] == \
-        [r["usage"]["total_tokens"] for r in replies[:-1]]
+    assert [r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in replies[1:]] == [
+        r["usage"]["total_tokens"] for r in replies[:-1]
+    ]
     assert again == messages  # deterministic
 
 
@@ -532,9 +604,14 @@ def test_tool_choice_steers_the_script(worker: SimWorkerThread) -> None:
     with httpx.Client() as client:
         named = _chat(client, worker.url, [{"role": "user", "content": "x"}], tools=TOOLS, tool_choice=forced)
         none = _chat(client, worker.url, [{"role": "user", "content": "x"}], tools=TOOLS, tool_choice="none")
-        unknown = client.post(worker.url + "/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": "x"}], "tools": TOOLS,
-            "tool_choice": {"type": "function", "function": {"name": "rm"}}})
+        unknown = client.post(
+            worker.url + "/v1/chat/completions",
+            json={
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": TOOLS,
+                "tool_choice": {"type": "function", "function": {"name": "rm"}},
+            },
+        )
     assert named["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "read_file"
     assert none["choices"][0]["finish_reason"] == "stop"
     assert unknown.status_code == 400 and "tool_choice.function.name" in unknown.json()["message"]
@@ -548,30 +625,41 @@ def test_without_script_tools_a_tools_request_gets_plain_text() -> None:
 
 # -- bad input -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("path", "body", "field"), [
-    ("/v1/chat/completions", b"{not json", "body"),
-    ("/v1/chat/completions", b"[1, 2]", "body"),
-    ("/v1/chat/completions", {"messages": "hello"}, "messages"),
-    ("/v1/chat/completions", {"messages": []}, "messages"),
-    ("/v1/chat/completions", {"messages": [{"content": "x"}]}, "messages[0].role"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "priority": "high"}, "priority"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "session_id": 7}, "session_id"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
-     "tools[0].function.name"),
-    ("/v1/completions", {"prompt": 12}, "prompt"),
-    ("/v1/completions", {"prompt": "x", "max_tokens": -1}, "max_tokens"),
-    ("/v1/completions", {"prompt": "x", "max_tokens": 600_000}, "max_tokens"),
-    ("/generate", {"sampling_params": {"max_new_tokens": 1}}, "text"),
-    ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens"),
-    ("/generate", {"text": "x", "sampling_params": [1]}, "sampling_params"),
-    ("/generate", {"input_ids": [1, "two"]}, "input_ids"),
-    ("/v1/tokenize", {"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": "no"}, "add_generation_prompt"),
-    ("/v1/tokenize", {"prompt": [1, 2]}, "prompt"),
-])
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/chat/completions", b"{not json", "body"),
+        ("/v1/chat/completions", b"[1, 2]", "body"),
+        ("/v1/chat/completions", {"messages": "hello"}, "messages"),
+        ("/v1/chat/completions", {"messages": []}, "messages"),
+        ("/v1/chat/completions", {"messages": [{"content": "x"}]}, "messages[0].role"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "priority": "high"}, "priority"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "session_id": 7}, "session_id"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+            "tools[0].function.name",
+        ),
+        ("/v1/completions", {"prompt": 12}, "prompt"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": -1}, "max_tokens"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 600_000}, "max_tokens"),
+        ("/generate", {"sampling_params": {"max_new_tokens": 1}}, "text"),
+        ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens"),
+        ("/generate", {"text": "x", "sampling_params": [1]}, "sampling_params"),
+        ("/generate", {"input_ids": [1, "two"]}, "input_ids"),
+        (
+            "/v1/tokenize",
+            {"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": "no"},
+            "add_generation_prompt",
+        ),
+        ("/v1/tokenize", {"prompt": [1, 2]}, "prompt"),
+    ],
+)
 def test_bad_input_gets_400_naming_the_field(worker: SimWorkerThread, path: str, body: Any, field: str) -> None:
     with httpx.Client() as client:
         if isinstance(body, bytes):
@@ -590,8 +678,13 @@ def test_an_engine_failure_fails_requests_loudly_and_turns_health_red() -> None:
         streams: list[Any] = []
 
         def stream() -> None:
-            streams.extend(_sse(client, w.url + "/v1/chat/completions",
-                                {"messages": [{"role": "user", "content": "long"}], "max_tokens": 5_000, "stream": True}))
+            streams.extend(
+                _sse(
+                    client,
+                    w.url + "/v1/chat/completions",
+                    {"messages": [{"role": "user", "content": "long"}], "max_tokens": 5_000, "stream": True},
+                )
+            )
 
         reader = threading.Thread(target=stream)
         reader.start()
@@ -619,19 +712,30 @@ def test_bad_loads_section_is_refused(worker: SimWorkerThread) -> None:
 
 # -- command line ----------------------------------------------------------------------------
 
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="maitred sim-worker")
     add_arguments(parser)
     return parser.parse_args(argv)
 
 
-@pytest.mark.parametrize(("argv", "flag"), [
-    (["--gpu-tokens", "0"], "--gpu-tokens"), (["--gpu-tokens", "-5"], "--gpu-tokens"), (["--gpu-tokens", "lots"], "--gpu-tokens"),
-    (["--cpu-tokens", "-1"], "--cpu-tokens"), (["--time-scale", "0"], "--time-scale"), (["--time-scale", "nan"], "--time-scale"),
-    (["--time-scale", "inf"], "--time-scale"), (["--time-scale", "-2"], "--time-scale"), (["--port", "0"], "--port"),
-    (["--port", "70000"], "--port"), (["--radix-eviction-policy", "lfu"], "--radix-eviction-policy"),
-    (["--hicache-write-policy", "write_through_selective"], "--hicache-write-policy"),
-])
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--gpu-tokens", "0"], "--gpu-tokens"),
+        (["--gpu-tokens", "-5"], "--gpu-tokens"),
+        (["--gpu-tokens", "lots"], "--gpu-tokens"),
+        (["--cpu-tokens", "-1"], "--cpu-tokens"),
+        (["--time-scale", "0"], "--time-scale"),
+        (["--time-scale", "nan"], "--time-scale"),
+        (["--time-scale", "inf"], "--time-scale"),
+        (["--time-scale", "-2"], "--time-scale"),
+        (["--port", "0"], "--port"),
+        (["--port", "70000"], "--port"),
+        (["--radix-eviction-policy", "lfu"], "--radix-eviction-policy"),
+        (["--hicache-write-policy", "write_through_selective"], "--hicache-write-policy"),
+    ],
+)
 def test_cli_refuses_bad_flags_naming_them(argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         _parse(argv)
@@ -653,8 +757,10 @@ def test_cli_defaults_and_values() -> None:
 def test_the_cli_module_imports_nothing_heavy() -> None:
     """``maitred`` builds every subcommand's parser on every call: the server stack loads only when
     the sim-worker runs."""
-    probe = ("import sys, maitred.sim.worker.config, maitred.sim.worker.server; "
-             "print(sorted(m for m in ('fastapi', 'uvicorn', 'starlette', 'prometheus_client', 'zmq') if m in sys.modules))")
+    probe = (
+        "import sys, maitred.sim.worker.config, maitred.sim.worker.server; "
+        "print(sorted(m for m in ('fastapi', 'uvicorn', 'starlette', 'prometheus_client', 'zmq') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -676,8 +782,11 @@ def test_run_refuses_a_missing_profile_and_a_busy_port(tmp_path: Path) -> None:
 
 def test_the_module_runs_as_a_process_and_stops_on_sigterm() -> None:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "maitred.sim.worker", "--port", str(port),
-                             "--gpu-tokens", "20000", "--time-scale", "10"], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "maitred.sim.worker", "--port", str(port), "--gpu-tokens", "20000", "--time-scale", "10"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -697,6 +806,7 @@ def test_the_module_runs_as_a_process_and_stops_on_sigterm() -> None:
 
 # -- sglang-router ---------------------------------------------------------------------------
 
+
 def test_sglang_router_registers_two_sim_workers_and_routes_through_them(tmp_path: Path) -> None:
     pytest.importorskip("sglang_router", reason="sglang-router is not installed (pip install sglang-router)")
     log_path = tmp_path / "router.log"
@@ -704,14 +814,32 @@ def test_sglang_router_registers_two_sim_workers_and_routes_through_them(tmp_pat
     def log_tail() -> str:
         return log_path.read_text(errors="replace")[-3000:]
 
-    with SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=50_000, time_scale=50.0)) as w1, \
-            SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=50_000, time_scale=50.0)) as w2:
+    with (
+        SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=50_000, time_scale=50.0)) as w1,
+        SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=50_000, time_scale=50.0)) as w2,
+    ):
         port = free_port()
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         log_file = log_path.open("wb")
-        router = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", w1.url, w2.url,
-                                   "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(port)],
-                                  stdout=log_file, stderr=subprocess.STDOUT, env=env)
+        router = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sglang_router.launch_router",
+                "--worker-urls",
+                w1.url,
+                w2.url,
+                "--policy",
+                "cache_aware",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
         try:
             url = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + 120
@@ -727,8 +855,15 @@ def test_sglang_router_registers_two_sim_workers_and_routes_through_them(tmp_pat
                 time.sleep(0.2)
             assert sorted(w["url"] for w in workers) == sorted([w1.url, w2.url]), log_tail()
             assert {w["metadata"]["model_path"] for w in workers} == {w1.config.model_path}
-            reply = httpx.post(url + "/v1/chat/completions", timeout=30, json={
-                "model": "maitred-sim-worker", "messages": [{"role": "user", "content": "through the router"}], "max_tokens": 5})
+            reply = httpx.post(
+                url + "/v1/chat/completions",
+                timeout=30,
+                json={
+                    "model": "maitred-sim-worker",
+                    "messages": [{"role": "user", "content": "through the router"}],
+                    "max_tokens": 5,
+                },
+            )
             assert reply.status_code == 200, f"{reply.text}\n{log_tail()}"
             assert reply.json()["usage"]["completion_tokens"] == 5
         finally:
@@ -770,15 +905,15 @@ def test_conversation_index_follows_a_radix_caches_view_of_prompts() -> None:
     a1 = Prompt(list(range(100, 140)), 0, "")
     a = index.resolve(a1, busy=())
     index.record(a, "", a1.ids + [7, 8])
-    assert index.resolve(Prompt(a1.ids + [7, 8, 9, 10], 0, ""), busy=()) == a      # extends prompt + output
-    assert index.resolve(Prompt(a1.ids[:20], 0, ""), busy=()) == a                 # a prefix of it (a retry)
-    assert index.resolve(Prompt(a1.ids[:30] + [1, 2, 3], 0, ""), busy=()) != a     # diverges: a new conversation
-    assert index.resolve(Prompt(a1.ids + [7, 8, 9], 0, ""), busy={a}) != a          # a is mid-request: a fork
+    assert index.resolve(Prompt(a1.ids + [7, 8, 9, 10], 0, ""), busy=()) == a  # extends prompt + output
+    assert index.resolve(Prompt(a1.ids[:20], 0, ""), busy=()) == a  # a prefix of it (a retry)
+    assert index.resolve(Prompt(a1.ids[:30] + [1, 2, 3], 0, ""), busy=()) != a  # diverges: a new conversation
+    assert index.resolve(Prompt(a1.ids + [7, 8, 9], 0, ""), busy={a}) != a  # a is mid-request: a fork
     assert index.resolve(Prompt(a1.ids + [7, 8, 9], 0, "other-agent"), busy=()) != a
     short = Prompt([5, 6, 7], 0, "")
     s = index.resolve(short, busy=())
     index.record(s, "", short.ids + [1])
-    assert index.resolve(Prompt([5, 6, 7, 1, 9], 0, ""), busy=()) == s             # shorter than a page
+    assert index.resolve(Prompt([5, 6, 7, 1, 9], 0, ""), busy=()) == s  # shorter than a page
     index.forget(a)
     assert index.resolve(Prompt(a1.ids + [7, 8, 9], 0, ""), busy=()) != a
     assert index.tokens_held == 4
@@ -790,8 +925,8 @@ def test_the_token_cache_is_bounded_by_tokens_least_recently_used_out_first() ->
     cache = _TokenCache(max_tokens=10)
     assert list(cache("a b c d")) == tokenize("a b c d")
     cache("e f g h")
-    cache("a b c d")                 # used again: now the most recent
-    cache("i j k")                   # 11 tokens held: the least recently used ("e f g h") goes
+    cache("a b c d")  # used again: now the most recent
+    cache("i j k")  # 11 tokens held: the least recently used ("e f g h") goes
     assert list(cache._entries) == ["a b c d", "i j k"] and cache._tokens == 7
-    cache(" ".join("x" * 11))        # longer than the whole cache: answered, not kept
+    cache(" ".join("x" * 11))  # longer than the whole cache: answered, not kept
     assert cache._tokens == 7

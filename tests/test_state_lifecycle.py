@@ -24,7 +24,7 @@ def test_a_late_llm_end_does_not_bring_an_ended_program_back() -> None:
 def test_a_late_tool_end_still_teaches_the_history() -> None:
     state = RuntimeState([WorkerState("w0", gpu_tokens=100_000, cpu_tokens=200_000)])
     state.apply(LLMStart(ts=10.0, program_id="p", request_id="r1", prompt_tokens=5_000))
-    state.apply(ToolStart(ts=9.0, program_id="p", call_id="c", tool="grep"))   # arrived after the next step began
+    state.apply(ToolStart(ts=9.0, program_id="p", call_id="c", tool="grep"))  # arrived after the next step began
     state.apply(ProgramEnd(ts=12.0, program_id="p", status="ok"))
     state.apply(ToolEnd(ts=9.5, program_id="p", call_id="c", status="ok"))
     assert "p" not in state.programs

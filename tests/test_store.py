@@ -29,10 +29,20 @@ T0 = 1_800_000_000.0
 def tool_events(program: str, tool: str, durations, *, start=T0, agent="a", signature=None):
     out, t = [], start
     for i, d in enumerate(durations):
-        out.append({"type": "tool.start", "ts": t, "program_id": program, "agent": agent, "call_id": f"{tool}-{i}",
-                    "tool": tool, **({"signature": signature} if signature else {})})
-        out.append({"type": "tool.end", "ts": t + d, "program_id": program, "agent": agent, "call_id": f"{tool}-{i}",
-                    "duration_s": d})
+        out.append(
+            {
+                "type": "tool.start",
+                "ts": t,
+                "program_id": program,
+                "agent": agent,
+                "call_id": f"{tool}-{i}",
+                "tool": tool,
+                **({"signature": signature} if signature else {}),
+            }
+        )
+        out.append(
+            {"type": "tool.end", "ts": t + d, "program_id": program, "agent": agent, "call_id": f"{tool}-{i}", "duration_s": d}
+        )
         t += d + 1
     return out
 
@@ -64,8 +74,7 @@ def test_tool_stats_equal_numpy_on_the_same_durations(store):
     assert stats.n == 257
     np.testing.assert_allclose(
         [stats.mean_s, stats.std_s, stats.min_s, stats.max_s, stats.p50_s, stats.p90_s, stats.p99_s],
-        [durations.mean(), durations.std(ddof=1), durations.min(), durations.max(),
-         *np.percentile(durations, [50, 90, 99])],
+        [durations.mean(), durations.std(ddof=1), durations.min(), durations.max(), *np.percentile(durations, [50, 90, 99])],
         rtol=1e-12,
     )
     assert store.tool_stats("pytest", agent="b").n == 57
@@ -112,7 +121,7 @@ def test_resending_a_batch_counts_nothing_twice(store):
 
 def test_good_events_of_a_batch_with_bad_ones_are_stored_once(store):
     raw = tool_events("p", "grep", [0.2]) + [
-        {"type": "tool.start", "ts": T0, "program_id": "p", "tool": "grep"},          # missing call_id
+        {"type": "tool.start", "ts": T0, "program_id": "p", "tool": "grep"},  # missing call_id
         {"type": "tool.start", "ts": "yesterday", "program_id": "p", "call_id": "x", "tool": "grep"},
         {"type": "warp.drive", "ts": T0, "program_id": "p"},
         {"type": "program.end", "ts": T0, "program_id": "p" * 10_240},
@@ -140,14 +149,24 @@ def test_a_program_seen_only_through_the_gateway_lists_with_its_agent_and_first_
     """The gateway records model calls but no program.start: the program is listed with the
     agent of its first model call and the time of its first event. A program.start, when there
     is one (even sent after the calls), still decides both."""
-    write(store, [
-        {"type": "llm.start", "ts": T0 + 5, "program_id": "gw", "agent": "coder", "request_id": "r1"},
-        {"type": "llm.end", "ts": T0 + 6, "program_id": "gw", "agent": "coder", "request_id": "r1",
-         "prompt_tokens": 10, "completion_tokens": 2},
-        {"type": "llm.start", "ts": T0 + 9, "program_id": "gw", "agent": "reviewer", "request_id": "r2"},
-        {"type": "llm.start", "ts": T0 + 1, "program_id": "sdk", "agent": "coder", "request_id": "r1"},
-        {"type": "program.start", "ts": T0, "program_id": "sdk", "agent": "planner"},
-    ])
+    write(
+        store,
+        [
+            {"type": "llm.start", "ts": T0 + 5, "program_id": "gw", "agent": "coder", "request_id": "r1"},
+            {
+                "type": "llm.end",
+                "ts": T0 + 6,
+                "program_id": "gw",
+                "agent": "coder",
+                "request_id": "r1",
+                "prompt_tokens": 10,
+                "completion_tokens": 2,
+            },
+            {"type": "llm.start", "ts": T0 + 9, "program_id": "gw", "agent": "reviewer", "request_id": "r2"},
+            {"type": "llm.start", "ts": T0 + 1, "program_id": "sdk", "agent": "coder", "request_id": "r1"},
+            {"type": "program.start", "ts": T0, "program_id": "sdk", "agent": "planner"},
+        ],
+    )
     listed = {p.program_id: (p.agent, p.started_at) for p in store.programs()}
     assert listed == {"gw": ("coder", T0 + 5), "sdk": ("planner", T0)}
     assert [p.program_id for p in store.programs(since=T0 + 2)] == ["gw"]
@@ -156,16 +175,26 @@ def test_a_program_seen_only_through_the_gateway_lists_with_its_agent_and_first_
 
 
 def test_program_timeline_has_phases_waits_and_busy_idle_totals(store):
-    write(store, [
-        {"type": "program.start", "ts": T0, "program_id": "p", "agent": "planner", "framework": "custom"},
-        {"type": "llm.start", "ts": T0, "program_id": "p", "request_id": "r1", "prompt_tokens": 1000},
-        {"type": "llm.end", "ts": T0 + 2, "program_id": "p", "request_id": "r1", "prompt_tokens": 1000,
-         "cached_tokens": 900, "completion_tokens": 50},
-        *tool_events("p", "pytest", [5.0], start=T0 + 2),
-        {"type": "program.wait", "ts": T0 + 8, "program_id": "p"},
-        {"type": "program.resume", "ts": T0 + 20, "program_id": "p"},
-        {"type": "program.end", "ts": T0 + 21, "program_id": "p", "status": "ok"},
-    ])
+    write(
+        store,
+        [
+            {"type": "program.start", "ts": T0, "program_id": "p", "agent": "planner", "framework": "custom"},
+            {"type": "llm.start", "ts": T0, "program_id": "p", "request_id": "r1", "prompt_tokens": 1000},
+            {
+                "type": "llm.end",
+                "ts": T0 + 2,
+                "program_id": "p",
+                "request_id": "r1",
+                "prompt_tokens": 1000,
+                "cached_tokens": 900,
+                "completion_tokens": 50,
+            },
+            *tool_events("p", "pytest", [5.0], start=T0 + 2),
+            {"type": "program.wait", "ts": T0 + 8, "program_id": "p"},
+            {"type": "program.resume", "ts": T0 + 20, "program_id": "p"},
+            {"type": "program.end", "ts": T0 + 21, "program_id": "p", "status": "ok"},
+        ],
+    )
     timeline = store.program("p")
     assert [s.kind for s in timeline.spans] == ["llm", "tool", "wait"]
     assert timeline.busy_idle() == {"reasoning_s": 2.0, "acting_s": 5.0, "waiting_s": 12.0}
@@ -176,15 +205,32 @@ def test_program_timeline_has_phases_waits_and_busy_idle_totals(store):
 
 
 def test_export_trace_writes_the_documented_format(store, tmp_path):
-    write(store, [
-        {"type": "program.start", "ts": T0, "program_id": "p", "agent": "planner"},
-        {"type": "llm.start", "ts": T0, "program_id": "p", "request_id": "r1"},
-        {"type": "llm.end", "ts": T0 + 1, "program_id": "p", "request_id": "r1", "prompt_tokens": 500, "completion_tokens": 20},
-        {"type": "tool.start", "ts": T0 + 1, "program_id": "p", "call_id": "c", "tool": "Bash", "deadline_s": 120.0},
-        {"type": "tool.end", "ts": T0 + 4, "program_id": "p", "call_id": "c", "status": "ok"},
-        {"type": "handoff", "ts": T0 + 5, "program_id": "p", "from_agent": "planner", "to_agent": "coder", "context_tokens": 520},
-        {"type": "program.start", "ts": T0 + 100, "program_id": "q", "parent_program_id": "p"},
-    ])
+    write(
+        store,
+        [
+            {"type": "program.start", "ts": T0, "program_id": "p", "agent": "planner"},
+            {"type": "llm.start", "ts": T0, "program_id": "p", "request_id": "r1"},
+            {
+                "type": "llm.end",
+                "ts": T0 + 1,
+                "program_id": "p",
+                "request_id": "r1",
+                "prompt_tokens": 500,
+                "completion_tokens": 20,
+            },
+            {"type": "tool.start", "ts": T0 + 1, "program_id": "p", "call_id": "c", "tool": "Bash", "deadline_s": 120.0},
+            {"type": "tool.end", "ts": T0 + 4, "program_id": "p", "call_id": "c", "status": "ok"},
+            {
+                "type": "handoff",
+                "ts": T0 + 5,
+                "program_id": "p",
+                "from_agent": "planner",
+                "to_agent": "coder",
+                "context_tokens": 520,
+            },
+            {"type": "program.start", "ts": T0 + 100, "program_id": "q", "parent_program_id": "p"},
+        ],
+    )
     out = tmp_path / "trace.jsonl"
     assert store.export_trace(out) == 2
     header, *programs = [json.loads(line) for line in out.read_text().splitlines()]
@@ -232,8 +278,12 @@ def test_events_the_database_refuses_are_rejected_alone_and_the_rest_is_stored(s
 
 def test_token_counts_beyond_32_bits_are_stored(store):
     big = 3 * 10**9
-    result = store.write([LLMEnd(ts=T0, program_id="p", request_id="r", prompt_tokens=big, completion_tokens=big + 1),
-                          Handoff(ts=T0, program_id="p", from_agent="a", to_agent="b", context_tokens=2**63 - 1)])
+    result = store.write(
+        [
+            LLMEnd(ts=T0, program_id="p", request_id="r", prompt_tokens=big, completion_tokens=big + 1),
+            Handoff(ts=T0, program_id="p", from_agent="a", to_agent="b", context_tokens=2**63 - 1),
+        ]
+    )
     assert (result.stored, result.rejected) == (2, [])
     timeline = store.program("p")
     (span,) = timeline.spans
@@ -256,8 +306,14 @@ def test_a_plain_path_is_a_sqlite_url_and_anything_else_gets_a_hint(tmp_path, mo
 
 
 def tool_events_objects(n: int) -> list:
-    return [e for i in range(n) for e in (ToolStart(ts=T0 + i, program_id="p", call_id=f"c{i}", tool="t"),
-                                          ToolEnd(ts=T0 + i + 1, program_id="p", call_id=f"c{i}"))]
+    return [
+        e
+        for i in range(n)
+        for e in (
+            ToolStart(ts=T0 + i, program_id="p", call_id=f"c{i}", tool="t"),
+            ToolEnd(ts=T0 + i + 1, program_id="p", call_id=f"c{i}"),
+        )
+    ]
 
 
 def test_create_false_names_a_missing_database_and_creates_nothing(tmp_path):
@@ -297,7 +353,7 @@ def test_a_corrupt_sqlite_file_is_named_not_dumped(tmp_path):
         assert store.check_integrity() == []
     data = bytearray(path.read_bytes())
     quarter = len(data) // 4
-    data[quarter:3 * quarter] = b"\xa5" * (2 * quarter)  # wreck the middle half of the pages
+    data[quarter : 3 * quarter] = b"\xa5" * (2 * quarter)  # wreck the middle half of the pages
     path.write_bytes(bytes(data))
     with SessionStore(str(path), migrate=False) as store:
         problems = store.check_integrity()
@@ -324,8 +380,10 @@ def first_revision_tables(url: str, *, keep: set[str] | None = None, rows: bool 
             conn.execute(text(f'DROP TABLE "{table}"'))
         if rows:
             body = json.dumps({"type": "program.start", "ts": 1.0, "program_id": "p"})
-            conn.execute(text("INSERT INTO events (event_key, type, ts, program_id, body) VALUES ('k', 'program.start', 1.0, 'p', :b)"),
-                         {"b": body})
+            conn.execute(
+                text("INSERT INTO events (event_key, type, ts, program_id, body) VALUES ('k', 'program.start', 1.0, 'p', :b)"),
+                {"b": body},
+            )
     engine.dispose()
 
 
@@ -368,8 +426,12 @@ def test_an_event_a_constraint_refuses_is_isolated_with_the_database_reason(db_u
             if db_url.startswith("postgresql"):
                 conn.execute(text("ALTER TABLE tool_calls ADD CONSTRAINT no_poison CHECK (tool <> 'poison')"))
             else:
-                conn.execute(text("CREATE TRIGGER no_poison BEFORE INSERT ON tool_calls WHEN NEW.tool = 'poison' "
-                                  "BEGIN SELECT RAISE(ABORT, 'no poison'); END"))
+                conn.execute(
+                    text(
+                        "CREATE TRIGGER no_poison BEFORE INSERT ON tool_calls WHEN NEW.tool = 'poison' "
+                        "BEGIN SELECT RAISE(ABORT, 'no poison'); END"
+                    )
+                )
         poison = ToolStart(ts=T0, program_id="p", call_id="bad", tool="poison")
         result = store.write([*tool_events_objects(3), poison, *tool_events_objects(5)[6:]])
         assert result.stored == 10 and store.tool_stats("t").n == 5

@@ -11,8 +11,9 @@ from maitred.storage import SessionStore, StoreUnavailable
 from tests.helpers import wait_until
 
 
-def test_a_silent_server_while_seeding_is_one_warning_and_events_are_still_written(tmp_path: Path,
-                                                                                  caplog: pytest.LogCaptureFixture) -> None:
+def test_a_silent_server_while_seeding_is_one_warning_and_events_are_still_written(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Reading the tool statistics at start-up fails with StoreUnavailable (a PostgreSQL
     server that stopped answering): one warning line without a traceback, and the writer
     goes on storing events."""

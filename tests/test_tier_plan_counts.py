@@ -12,16 +12,25 @@ WORKERS = ("w0", "w1")
 
 
 def summed(plan: TierPlan, worker_id: str, tier: Tier, lazy: bool) -> int:
-    return sum(plan.weight(p) for p in plan.by_worker.get(worker_id, [])
-               if plan.tiers[p.program_id] is tier and (lazy or p.program_id not in plan.lazy))
+    return sum(
+        plan.weight(p)
+        for p in plan.by_worker.get(worker_id, [])
+        if plan.tiers[p.program_id] is tier and (lazy or p.program_id not in plan.lazy)
+    )
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from((*WORKERS, None, "gone")), st.sampled_from(list(Tier)), st.booleans(),
-                          st.integers(0, 50_000)), min_size=1, max_size=12),
-       st.lists(st.tuples(st.integers(0, 11), st.sampled_from(list(Tier)), st.booleans()), max_size=20))
-def test_counts_follow_moves_and_lazy_marks(programs: list[tuple[str | None, Tier, bool, int]],
-                                            ops: list[tuple[int, Tier, bool]]) -> None:
+@given(
+    st.lists(
+        st.tuples(st.sampled_from((*WORKERS, None, "gone")), st.sampled_from(list(Tier)), st.booleans(), st.integers(0, 50_000)),
+        min_size=1,
+        max_size=12,
+    ),
+    st.lists(st.tuples(st.integers(0, 11), st.sampled_from(list(Tier)), st.booleans()), max_size=20),
+)
+def test_counts_follow_moves_and_lazy_marks(
+    programs: list[tuple[str | None, Tier, bool, int]], ops: list[tuple[int, Tier, bool]]
+) -> None:
     made = []
     for i, (home, tier, lazy, tokens) in enumerate(programs):
         p = program(f"p{i}", tokens=tokens, phase=Phase.REASONING, home=home, tier=tier)

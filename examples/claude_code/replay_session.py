@@ -32,8 +32,10 @@ def show(gateway: str, session_id: str) -> None:
     for program in httpx.get(f"{gateway}/v1/programs", timeout=10).json():
         if program["program_id"].startswith(session_id):
             tool = program["tool"] or {}
-            print(f"    {program['program_id'][-24:]:>24}  phase={program['phase']:<13} tool={tool.get('signature') or tool.get('tool')}"
-                  f"  worker={program['worker']}")
+            print(
+                f"    {program['program_id'][-24:]:>24}  phase={program['phase']:<13} tool={tool.get('signature') or tool.get('tool')}"
+                f"  worker={program['worker']}"
+            )
 
 
 def replay(gateway: str, path: Path, http: bool) -> None:
@@ -54,7 +56,9 @@ def replay(gateway: str, path: Path, http: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gateway", help="URL of a running maitred serve (default: start one here on two sim-workers)")
-    parser.add_argument("--session", type=Path, default=SESSION, help="hook payloads, one JSON object a line (default: a sample session)")
+    parser.add_argument(
+        "--session", type=Path, default=SESSION, help="hook payloads, one JSON object a line (default: a sample session)"
+    )
     parser.add_argument("--http", action="store_true", help="post to /v1/hooks/claude-code like an http hook instead")
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:

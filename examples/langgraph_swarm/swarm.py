@@ -46,20 +46,35 @@ def run(gateway: str) -> None:
     def model() -> ChatOpenAI:
         return ChatOpenAI(base_url=f"{gateway}/v1", api_key="unused", model="maitred-sim-worker", max_tokens=32)
 
-    alice = create_agent(model(), [add, create_handoff_tool(agent_name="bob")], name="alice", middleware=[MaitredMiddleware(record_model_calls=False)])
+    alice = create_agent(
+        model(),
+        [add, create_handoff_tool(agent_name="bob")],
+        name="alice",
+        middleware=[MaitredMiddleware(record_model_calls=False)],
+    )
     bob = create_agent(model(), [grep], name="bob", middleware=[MaitredMiddleware(record_model_calls=False)])
     app = create_swarm([alice, bob], default_active_agent="alice").compile()
     thread = f"swarm-{uuid.uuid4().hex[:8]}"
-    result = app.invoke({"messages": [{"role": "user", "content": "add 2 and 3, then let bob find the total"}]},
-                        {"configurable": {"thread_id": thread}})
+    result = app.invoke(
+        {"messages": [{"role": "user", "content": "add 2 and 3, then let bob find the total"}]},
+        {"configurable": {"thread_id": thread}},
+    )
     maitred.flush(timeout=10)
     for message in result["messages"]:
         name = getattr(message, "name", None) or ""
         calls = [c["name"] for c in getattr(message, "tool_calls", [])]
         print(f"{message.type:>6} {name:<16} {calls or str(message.content)[:60]}")
     print("\nthe gateway's view of the program:")
-    print(json.dumps({k: v for k, v in httpx.get(f"{gateway}/v1/programs/{thread}").json().items()
-                      if k in ("program_id", "agent", "phase", "tier", "worker", "context_tokens", "idleness")}, indent=2))
+    print(
+        json.dumps(
+            {
+                k: v
+                for k, v in httpx.get(f"{gateway}/v1/programs/{thread}").json().items()
+                if k in ("program_id", "agent", "phase", "tier", "worker", "context_tokens", "idleness")
+            },
+            indent=2,
+        )
+    )
 
 
 def main() -> None:

@@ -25,8 +25,12 @@ CONFIG = Path(__file__).with_name("config.yaml")
 
 
 def request(proxy: str, key: str, program: str, how: str, stream: bool) -> str:
-    body = {"model": "sim", "messages": [{"role": "user", "content": f"{program}: refactor the billing module"}],
-            "max_tokens": 16, "stream": stream}
+    body = {
+        "model": "sim",
+        "messages": [{"role": "user", "content": f"{program}: refactor the billing module"}],
+        "max_tokens": 16,
+        "stream": stream,
+    }
     headers = {"authorization": f"Bearer {key}"}
     if how == "metadata":
         body["metadata"] = {"program_id": program}
@@ -43,14 +47,26 @@ def main() -> None:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         cluster = stack.enter_context(local_cluster(db_url=f"sqlite:///{folder}/maitred.db", script_tools=False))
         config = folder / "config.yaml"
-        config.write_text(CONFIG.read_text().replace("http://127.0.0.1:30001", cluster.worker_urls[0])
-                          .replace("http://127.0.0.1:30002", cluster.worker_urls[1]))
+        config.write_text(
+            CONFIG.read_text()
+            .replace("http://127.0.0.1:30001", cluster.worker_urls[0])
+            .replace("http://127.0.0.1:30002", cluster.worker_urls[1])
+        )
         port, key = free_port(), "sk-" + secrets.token_hex(16)
-        env = {**os.environ, "LITELLM_MASTER_KEY": key, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "MAITRED_URL": cluster.gateway_url}
+        env = {
+            **os.environ,
+            "LITELLM_MASTER_KEY": key,
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "MAITRED_URL": cluster.gateway_url,
+        }
         print("starting the LiteLLM proxy (this takes a while) ...", flush=True)
         log = stack.enter_context(open(folder / "proxy.log", "w"))
-        proxy = subprocess.Popen([str(Path(sys.executable).with_name("litellm")), "--config", str(config), "--host", "127.0.0.1",
-                                  "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
+        proxy = subprocess.Popen(
+            [str(Path(sys.executable).with_name("litellm")), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         stack.callback(proxy.wait, 30)
         stack.callback(proxy.terminate)
         url = f"http://127.0.0.1:{port}"

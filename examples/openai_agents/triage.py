@@ -38,20 +38,29 @@ async def run(gateway: str) -> None:
     client = AsyncOpenAI(base_url=f"{gateway}/v1", api_key="unused")
     model = OpenAIChatCompletionsModel(model="maitred-sim-worker", openai_client=client)
     settings = ModelSettings(max_tokens=32, extra_body={"program_id": program})
-    billing = Agent(name="billing", instructions="Answer billing questions.", tools=[lookup_order], model=model,
-                    model_settings=settings)
+    billing = Agent(
+        name="billing", instructions="Answer billing questions.", tools=[lookup_order], model=model, model_settings=settings
+    )
     triage = Agent(name="triage", instructions="Route the customer.", handoffs=[billing], model=model, model_settings=settings)
 
     processor = MaitredTracingProcessor(record_model_calls=False)  # the gateway records the model calls
     set_trace_processors([processor])  # add_trace_processor(processor) keeps the vendor exporter too
-    result = await Runner.run(triage, "Where is my order 17?", hooks=MaitredRunHooks(processor),
-                              run_config=RunConfig(group_id=program, workflow_name="support"))
+    result = await Runner.run(
+        triage,
+        "Where is my order 17?",
+        hooks=MaitredRunHooks(processor),
+        run_config=RunConfig(group_id=program, workflow_name="support"),
+    )
     maitred.flush(timeout=10)
     print("final output:", result.final_output)
     print("last agent:", result.last_agent.name)
     print("\nthe gateway's view of the program:")
     info = httpx.get(f"{gateway}/v1/programs/{program}").json()
-    print(json.dumps({k: v for k, v in info.items() if k in ("program_id", "agent", "phase", "tier", "worker", "context_tokens")}, indent=2))
+    print(
+        json.dumps(
+            {k: v for k, v in info.items() if k in ("program_id", "agent", "phase", "tier", "worker", "context_tokens")}, indent=2
+        )
+    )
 
 
 def main() -> None:

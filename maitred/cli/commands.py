@@ -44,6 +44,7 @@ def stderr_line(kind: str, message: str) -> None:
 
 # -- opening things ------------------------------------------------------------------------------
 
+
 def _open_history(args: argparse.Namespace) -> SessionStore:
     """The store for a query: never created, and readable even when a newer maitred wrote it
     (the schema is then left as it is, and a note says so)."""
@@ -94,8 +95,15 @@ def tool_stats_table(rows: Sequence[Any], title: str = "tool durations") -> Tabl
         if r.tool == ALL_TOOLS:
             table.add_section()
         table.add_row(
-            "[italic](all)[/italic]" if r.tool == ALL_TOOLS else r.tool, str(r.n), _fmt_s(r.mean_s),
-            _fmt_s(r.std_s), _fmt_s(r.min_s), _fmt_s(r.p50_s), _fmt_s(r.p90_s), _fmt_s(r.p99_s), _fmt_s(r.max_s),
+            "[italic](all)[/italic]" if r.tool == ALL_TOOLS else r.tool,
+            str(r.n),
+            _fmt_s(r.mean_s),
+            _fmt_s(r.std_s),
+            _fmt_s(r.min_s),
+            _fmt_s(r.p50_s),
+            _fmt_s(r.p90_s),
+            _fmt_s(r.p99_s),
+            _fmt_s(r.max_s),
         )
     return table
 
@@ -129,8 +137,15 @@ def cmd_programs(args: argparse.Namespace) -> int:
     for p in rows:
         duration = p.ended_at - p.started_at if p.ended_at and p.started_at else None
         table.add_row(
-            p.program_id, p.parent_program_id or "-", p.agent or "-", p.framework or "-", _fmt_ts(p.started_at),
-            _fmt_s(duration), p.status or "running", str(p.tool_calls), str(p.llm_calls),
+            p.program_id,
+            p.parent_program_id or "-",
+            p.agent or "-",
+            p.framework or "-",
+            _fmt_ts(p.started_at),
+            _fmt_s(duration),
+            p.status or "running",
+            str(p.tool_calls),
+            str(p.llm_calls),
         )
     console.print(table)
     return 0
@@ -148,8 +163,14 @@ def cmd_timeline(args: argparse.Namespace) -> int:
         with _writing("--png", args.png):
             console.print(f"wrote {timeline_png(timeline, args.png)}")
     if args.json:
-        _print_json({"program": asdict(timeline.program), "spans": [asdict(s) for s in timeline.spans],
-                     "handoffs": timeline.handoffs, "totals": timeline.busy_idle()})
+        _print_json(
+            {
+                "program": asdict(timeline.program),
+                "spans": [asdict(s) for s in timeline.spans],
+                "handoffs": timeline.handoffs,
+                "totals": timeline.busy_idle(),
+            }
+        )
         return 0
     origin = timeline.spans[0].start if timeline.spans else 0.0
     table = Table(title=f"program {args.program_id}")
@@ -206,9 +227,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         _offline_demo(args, db_url)
     else:
         _live_demo(args, db_url)
-    console.print(f"Explore: maitred programs --db {args.db_file}\n"
-                  f"         maitred timeline {'demo' if args.offline else 'maitred'}-0 --db {args.db_file} --png timeline.png",
-                  soft_wrap=True)
+    console.print(
+        f"Explore: maitred programs --db {args.db_file}\n"
+        f"         maitred timeline {'demo' if args.offline else 'maitred'}-0 --db {args.db_file} --png timeline.png",
+        soft_wrap=True,
+    )
     return 0
 
 
@@ -260,18 +283,36 @@ def cmd_bench_replay(args: argparse.Namespace) -> int:
     profile = EngineProfile.load(args.profile) if args.profile else EngineProfile()
     out = Path(args.out)
     _writable_folder("--out", out)
-    matrix = Matrix(args.trace, args.policy, args.concurrency, args.cpu_ratio, args.duration, args.seed,
-                    args.workers, args.gpu_tokens, use_signature=args.history == "signature",
-                    busy_margin=args.busy_margin, overcommit_headroom=args.overcommit_headroom,
-                    period_s=args.period, hold_timeout_s=args.hold_timeout)
+    matrix = Matrix(
+        args.trace,
+        args.policy,
+        args.concurrency,
+        args.cpu_ratio,
+        args.duration,
+        args.seed,
+        args.workers,
+        args.gpu_tokens,
+        use_signature=args.history == "signature",
+        busy_margin=args.busy_margin,
+        overcommit_headroom=args.overcommit_headroom,
+        period_s=args.period,
+        hold_timeout_s=args.hold_timeout,
+    )
     total = len(matrix.configs())
-    console.print(f"{trace.name}: {len(trace.programs)} programs; {total} runs of {args.duration:.0f} simulated s "
-                  f"on {args.jobs or 'all'} processes; engine: {profile.name}")
-    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as bar:
+    console.print(
+        f"{trace.name}: {len(trace.programs)} programs; {total} runs of {args.duration:.0f} simulated s "
+        f"on {args.jobs or 'all'} processes; engine: {profile.name}"
+    )
+    with Progress(
+        "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+    ) as bar:
         task = bar.add_task("replaying", total=total)
-        records = run_matrix(matrix, profile, jobs=args.jobs,
-                             on_done=lambda r: bar.update(task, advance=1, description=f"{r['policy']} C={r['concurrency']}"))
+        records = run_matrix(
+            matrix,
+            profile,
+            jobs=args.jobs,
+            on_done=lambda r: bar.update(task, advance=1, description=f"{r['policy']} C={r['concurrency']}"),
+        )
     command = args.command_line
     with _writing("--out", out):
         for path in write_outputs(matrix, records, out, command):
@@ -291,6 +332,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     profile = calibrate(args.device, progress=lambda stage: console.print(f"measuring {stage} ..."))
     with _writing("--out", out):
         profile.save(out)
-    console.print(f"wrote {out}: {profile.name}; {profile.gpu_kv_tokens:,} KV tokens, "
-                  f"prefill {profile.prefill_s_per_token * 1e6:.2f} µs/token, host→device {profile.h2d_bytes_per_s / 1e9:.1f} GB/s")
+    console.print(
+        f"wrote {out}: {profile.name}; {profile.gpu_kv_tokens:,} KV tokens, "
+        f"prefill {profile.prefill_s_per_token * 1e6:.2f} µs/token, host→device {profile.h2d_bytes_per_s / 1e9:.1f} GB/s"
+    )
     return 0

@@ -49,9 +49,13 @@ def _db_url(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _csv(kind: Callable[[str], Any], allowed: Sequence[str] | None = None, maximum: float | None = None,
-         ) -> Callable[[str], tuple]:
+def _csv(
+    kind: Callable[[str], Any],
+    allowed: Sequence[str] | None = None,
+    maximum: float | None = None,
+) -> Callable[[str], tuple]:
     """A comma-separated flag value (argparse names the flag in its error)."""
+
     def parse(text: str) -> tuple:
         items = [t.strip() for t in text.split(",") if t.strip()]
         if not items:
@@ -71,6 +75,7 @@ def _csv(kind: Callable[[str], Any], allowed: Sequence[str] | None = None, maxim
         if kind is float and not all(math.isfinite(v) and v >= 0 for v in values):
             raise argparse.ArgumentTypeError("values must be finite and non-negative")
         return values
+
     return parse
 
 
@@ -123,8 +128,14 @@ def _add_history(sub: Any) -> None:
     p.add_argument("--json", action="store_true")
 
     db = sub.add_parser("db", help="database schema").add_subparsers(dest="what", required=True, metavar="WHAT")
-    _db_flag(_add(db, "upgrade", commands.cmd_db_upgrade,
-                  "create or migrate the schema to the newest revision, then check its integrity"))
+    _db_flag(
+        _add(
+            db,
+            "upgrade",
+            commands.cmd_db_upgrade,
+            "create or migrate the schema to the newest revision, then check its integrity",
+        )
+    )
 
     p = _add(sub, "export", commands.cmd_export, "write the history as a replayable JSONL trace")
     _db_flag(p)
@@ -136,30 +147,64 @@ def _add_bench_replay(bench: Any) -> None:
     from maitred.sim.replay import DEFAULT_POLICIES, SIM_POLICIES, UNLIMITED_TOKENS
 
     p = _add(bench, "replay", commands.cmd_bench_replay, "replay a trace against every policy on simulated workers")
-    p.add_argument("--trace", required=True, help="SWE-agent folder, TraceLab or maitred JSONL, or synthetic:claude-code[?options]")
-    p.add_argument("--policy", type=_csv(str, list(SIM_POLICIES)), default=DEFAULT_POLICIES,
-                   help=f"comma-separated, of {','.join(SIM_POLICIES)} (default: all but the ablations maitred_no_preprefill and maitred_write_through)")
-    p.add_argument("--concurrency", type=_csv(int, maximum=MAX_CONCURRENCY), default=(20, 50, 80),
-                   help="concurrent programs per run, comma-separated (default: 20,50,80)")
-    p.add_argument("--cpu-ratio", type=_csv(float), default=(1.0, 2.0),
-                   help="host KV memory as a multiple of GPU KV memory, comma-separated (default: 1,2)")
+    p.add_argument(
+        "--trace", required=True, help="SWE-agent folder, TraceLab or maitred JSONL, or synthetic:claude-code[?options]"
+    )
+    p.add_argument(
+        "--policy",
+        type=_csv(str, list(SIM_POLICIES)),
+        default=DEFAULT_POLICIES,
+        help=f"comma-separated, of {','.join(SIM_POLICIES)} (default: all but the ablations maitred_no_preprefill and maitred_write_through)",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=_csv(int, maximum=MAX_CONCURRENCY),
+        default=(20, 50, 80),
+        help="concurrent programs per run, comma-separated (default: 20,50,80)",
+    )
+    p.add_argument(
+        "--cpu-ratio",
+        type=_csv(float),
+        default=(1.0, 2.0),
+        help="host KV memory as a multiple of GPU KV memory, comma-separated (default: 1,2)",
+    )
     p.add_argument("--duration", type=seconds, default=3600.0, help="simulated seconds per run (default: 3600)")
     p.add_argument("--seed", type=int, default=0, help="(default: 0)")
-    p.add_argument("--workers", type=whole(1, MAX_WORKERS), default=1,
-                   help="simulated GPU workers (data-parallel ranks; default: 1)")
+    p.add_argument(
+        "--workers", type=whole(1, MAX_WORKERS), default=1, help="simulated GPU workers (data-parallel ranks; default: 1)"
+    )
     p.add_argument("--gpu-tokens", type=whole(1, UNLIMITED_TOKENS), help="GPU KV capacity per worker (default: the profile's)")
-    p.add_argument("--profile", help="engine profile: a built-in name (h100-7b, h200-7b, b200x2-70b) or a JSON file "
-                                     "(maitred calibrate writes one)")
-    p.add_argument("--history", choices=("signature", "tool"), default="signature",
-                   help="tool-duration history for readiness: per signature (Bash:pytest) or per tool (default: signature)")
-    p.add_argument("--busy-margin", type=bounded(0.0, 1.0, open_low=True),
-                   help="maitred's GPU-tier fill, as maitred serve --busy-margin (default: 0.9)")
-    p.add_argument("--overcommit-headroom", type=bounded(0.0, 10.0),
-                   help="maitred's admitted KV beyond GPU and host, in GPUs, as maitred serve (default: 0.4)")
-    p.add_argument("--period", type=seconds, help="step period for every policy, in s (default: each policy's own: "
-                                                  "5 for ThunderAgent and MORI, 1 for maitred and TAO)")
-    p.add_argument("--hold-timeout", type=bounded(0.0, 1e9), help="seconds a held request waits before it is forced in, "
-                                                                  "for every policy (default: each policy's own, 1800)")
+    p.add_argument(
+        "--profile",
+        help="engine profile: a built-in name (h100-7b, h200-7b, b200x2-70b) or a JSON file (maitred calibrate writes one)",
+    )
+    p.add_argument(
+        "--history",
+        choices=("signature", "tool"),
+        default="signature",
+        help="tool-duration history for readiness: per signature (Bash:pytest) or per tool (default: signature)",
+    )
+    p.add_argument(
+        "--busy-margin",
+        type=bounded(0.0, 1.0, open_low=True),
+        help="maitred's GPU-tier fill, as maitred serve --busy-margin (default: 0.9)",
+    )
+    p.add_argument(
+        "--overcommit-headroom",
+        type=bounded(0.0, 10.0),
+        help="maitred's admitted KV beyond GPU and host, in GPUs, as maitred serve (default: 0.4)",
+    )
+    p.add_argument(
+        "--period",
+        type=seconds,
+        help="step period for every policy, in s (default: each policy's own: "
+        "5 for ThunderAgent and MORI, 1 for maitred and TAO)",
+    )
+    p.add_argument(
+        "--hold-timeout",
+        type=bounded(0.0, 1e9),
+        help="seconds a held request waits before it is forced in, for every policy (default: each policy's own, 1800)",
+    )
     p.add_argument("--jobs", type=whole(1), help="processes (default: all cores)")
     p.add_argument("--out", required=True, help="folder for results.json, report.md and the PNG plots")
 
@@ -172,31 +217,64 @@ def _add_plugged(sub: Any) -> None:
     from maitred.integrations import claude_code
     from maitred.sim.worker import server as simworker
 
-    def plug(parent: Any, name: str, help: str, add_arguments: Callable[[argparse.ArgumentParser], None],
-             run: Callable[[argparse.Namespace], int]) -> None:
+    def plug(
+        parent: Any,
+        name: str,
+        help: str,
+        add_arguments: Callable[[argparse.ArgumentParser], None],
+        run: Callable[[argparse.Namespace], int],
+    ) -> None:
         p = parent.add_parser(name, help=help, description=help)
         add_arguments(p)
         p.set_defaults(func=run, plugged=True)
 
-    plug(sub, "serve", "the gateway in front of SGLang workers (OpenAI-compatible, with the scheduler)",
-         serve.add_arguments, serve.run)
-    plug(sub, "sglang-args", "print the SGLang launch lines maitred relies on, one per GPU",
-         serve.add_sglang_args_arguments, serve.run_sglang_args)
-    plug(sub, "sim-worker", "a simulated SGLang server for tests and demos (no GPU; never a model)",
-         simworker.add_arguments, simworker.run)
+    plug(
+        sub,
+        "serve",
+        "the gateway in front of SGLang workers (OpenAI-compatible, with the scheduler)",
+        serve.add_arguments,
+        serve.run,
+    )
+    plug(
+        sub,
+        "sglang-args",
+        "print the SGLang launch lines maitred relies on, one per GPU",
+        serve.add_sglang_args_arguments,
+        serve.run_sglang_args,
+    )
+    plug(
+        sub,
+        "sim-worker",
+        "a simulated SGLang server for tests and demos (no GPU; never a model)",
+        simworker.add_arguments,
+        simworker.run,
+    )
     hook = sub.add_parser("hook", help="agent hooks").add_subparsers(dest="what", required=True, metavar="WHAT")
-    plug(hook, "claude-code", "record one Claude Code hook payload read on stdin (always exits 0)",
-         claude_code.add_arguments, claude_code.run)
+    plug(
+        hook,
+        "claude-code",
+        "record one Claude Code hook payload read on stdin (always exits 0)",
+        claude_code.add_arguments,
+        claude_code.run,
+    )
 
 
 def _add_demo(sub: Any) -> None:
-    p = _add(sub, "demo", commands.cmd_demo,
-             "agent programs through the gateway to two simulated workers, maitred against round robin")
+    p = _add(
+        sub, "demo", commands.cmd_demo, "agent programs through the gateway to two simulated workers, maitred against round robin"
+    )
     p.add_argument("--db-file", default="maitred-demo.db", help="SQLite file to (re)create; only ever replaces an earlier demo's")
-    p.add_argument("--programs", type=whole(1, MAX_DEMO_PROGRAMS), default=None,
-                   help="agent programs (threads) to run (default: 32, or 6 with --offline)")
+    p.add_argument(
+        "--programs",
+        type=whole(1, MAX_DEMO_PROGRAMS),
+        default=None,
+        help="agent programs (threads) to run (default: 32, or 6 with --offline)",
+    )
     p.add_argument("--steps", type=whole(1, 64), default=8, help="model steps of each live program (default: 8)")
     p.add_argument("--png", default="maitred-demo.png", help="figure of the live runs (default: maitred-demo.png)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--offline", action="store_true",
-                   help="no gateway: the instrumentation alone writes a small multi-agent workload into SQLite (seconds)")
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        help="no gateway: the instrumentation alone writes a small multi-agent workload into SQLite (seconds)",
+    )

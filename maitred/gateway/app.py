@@ -31,13 +31,13 @@ log = logging.getLogger("maitred.service")
 @dataclass(frozen=True)
 class ServeConfig:
     workers: Sequence[str]
-    db_url: str | None = None            # None: nothing is persisted (tests, benchmarks)
+    db_url: str | None = None  # None: nothing is persisted (tests, benchmarks)
     token: str | None = None
     runtime: LiveConfig = field(default_factory=LiveConfig)
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     max_events_bytes: int = 16 << 20
-    max_connections: int = 1024          # per gateway, to all workers together
-    wait_for_workers_s: float = 0.0      # at start, wait this long for one healthy worker
+    max_connections: int = 1024  # per gateway, to all workers together
+    wait_for_workers_s: float = 0.0  # at start, wait this long for one healthy worker
 
 
 @dataclass
@@ -46,13 +46,18 @@ class Gateway:
 
     app: FastAPI
     runtime: LiveDriver
-    client: httpx.AsyncClient   # control plane
-    proxy: Proxy                # model requests
-    loop: asyncio.AbstractEventLoop | None = None   # the serving event loop, once started
+    client: httpx.AsyncClient  # control plane
+    proxy: Proxy  # model requests
+    loop: asyncio.AbstractEventLoop | None = None  # the serving event loop, once started
 
 
-def build_app(cfg: ServeConfig, *, hook_mapper: tuple[HookMapper | None, type[Exception]] | None = None,
-              on_ready: Callable[[Gateway], None] | None = None, on_shutdown: Callable[[], None] | None = None) -> Gateway:
+def build_app(
+    cfg: ServeConfig,
+    *,
+    hook_mapper: tuple[HookMapper | None, type[Exception]] | None = None,
+    on_ready: Callable[[Gateway], None] | None = None,
+    on_shutdown: Callable[[], None] | None = None,
+) -> Gateway:
     """``on_shutdown`` runs (in a thread) last in the app's shutdown: uvicorn re-raises the
     signal that stopped it once the app is down, so cleanup after ``uvicorn.run`` may never run."""
     if not cfg.workers:
@@ -75,15 +80,22 @@ def build_app(cfg: ServeConfig, *, hook_mapper: tuple[HookMapper | None, type[Ex
                 rows, signatures = store.tool_stats_all(), store.tool_stats_all(by_signature=True)
                 loop.call_soon_threadsafe(runtime.seed, rows, signatures)
 
-            runtime.writer = StoreWriter(lambda: _open_store(url), on_open=seed,
-                                         on_drop=lambda reason, n: runtime.metrics.dropped_events.labels(reason).inc(n))
+            runtime.writer = StoreWriter(
+                lambda: _open_store(url),
+                on_open=seed,
+                on_drop=lambda reason, n: runtime.metrics.dropped_events.labels(reason).inc(n),
+            )
         gateway.loop = asyncio.get_running_loop()
         await proxy.start()
         await runtime.start(wait_for_workers_s=cfg.wait_for_workers_s)
         healthy = [url for url, w in runtime.state.workers.items() if w.healthy]
         down = [url for url in runtime.state.workers if url not in healthy]
-        log.info("maitred: gateway up; policy %s; workers up: %s%s", cfg.runtime.policy, ", ".join(healthy) or "none yet",
-                 f"; not answering yet: {', '.join(down)}" if down else "")
+        log.info(
+            "maitred: gateway up; policy %s; workers up: %s%s",
+            cfg.runtime.policy,
+            ", ".join(healthy) or "none yet",
+            f"; not answering yet: {', '.join(down)}" if down else "",
+        )
         if on_ready is not None:
             on_ready(gateway)
         try:

@@ -23,8 +23,14 @@ class HTTPProblem(Exception):
         return error_response(self.status, self.message, field=self.field, kind=self.kind)
 
 
-def error_response(status: int, message: str, *, field: str | None = None, kind: str = "invalid_request_error",
-                   headers: dict[str, str] | None = None) -> Response:
+def error_response(
+    status: int,
+    message: str,
+    *,
+    field: str | None = None,
+    kind: str = "invalid_request_error",
+    headers: dict[str, str] | None = None,
+) -> Response:
     body: dict[str, Any] = {"message": message, "type": kind}
     if field is not None:
         body["field"] = field
@@ -39,8 +45,12 @@ def check_token(request: Request, token: str | None) -> None:
     header = request.headers.get("authorization", "")
     scheme, _, given = header.partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-        raise HTTPProblem(401, "missing or wrong bearer token (Authorization: Bearer <MAITRED_TOKEN>)",
-                          field="authorization", kind="authentication_error")
+        raise HTTPProblem(
+            401,
+            "missing or wrong bearer token (Authorization: Bearer <MAITRED_TOKEN>)",
+            field="authorization",
+            kind="authentication_error",
+        )
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -51,8 +61,9 @@ async def read_body(request: Request, limit: int) -> bytes:
         if not length.isdigit():
             raise HTTPProblem(400, f"content-length: not a number: {length[:32]!r}", field="content-length")
         if int(length) > limit:
-            raise HTTPProblem(413, f"body of {int(length):,} bytes is over the limit of {limit:,}", field="body",
-                              kind="request_too_large")
+            raise HTTPProblem(
+                413, f"body of {int(length):,} bytes is over the limit of {limit:,}", field="body", kind="request_too_large"
+            )
         return await request.body()
     chunks, size = [], 0
     async for chunk in request.stream():

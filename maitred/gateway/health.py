@@ -24,14 +24,22 @@ log = logging.getLogger("maitred.service")
 @dataclass(slots=True)
 class _Health:
     failures: int = 0
-    known: bool = False   # capacity read at least once
-    write_policy: str | None = None   # HiCache's, as /server_info says (None: off, or not said)
+    known: bool = False  # capacity read at least once
+    write_policy: str | None = None  # HiCache's, as /server_info says (None: off, or not said)
     warned: bool = False  # the write-policy warning was logged
 
 
 class WorkerWatch:
-    def __init__(self, backends: Mapping[str, SGLangClient], state: RuntimeState, metrics: Metrics, *, fail_after: int,
-                 policy: str, on_change: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        backends: Mapping[str, SGLangClient],
+        state: RuntimeState,
+        metrics: Metrics,
+        *,
+        fail_after: int,
+        policy: str,
+        on_change: Callable[[], None],
+    ) -> None:
         self.backends, self.state, self.metrics = backends, state, metrics
         self.fail_after, self.policy, self.on_change = fail_after, policy, on_change
         self._health = {url: _Health() for url in backends}
@@ -57,8 +65,9 @@ class WorkerWatch:
         self.state.observe_worker(url, queued_requests=load.waiting, used_tokens=load.used_tokens)
         if not live.healthy:
             hicache = f"HiCache {health.write_policy or 'write policy not reported'}" if live.cpu_tokens else "no host cache"
-            log.info("maitred: worker %s is up (%d GPU tokens, %d host tokens, %s)", url, live.gpu_tokens, live.cpu_tokens,
-                     hicache)
+            log.info(
+                "maitred: worker %s is up (%d GPU tokens, %d host tokens, %s)", url, live.gpu_tokens, live.cpu_tokens, hicache
+            )
             self.state.set_worker_health(url, True)
             self.on_change()
 
@@ -77,11 +86,17 @@ class WorkerWatch:
         ratio = host / cap.gpu_tokens if cap.gpu_tokens else 0.0
         if self.policy == "maitred" and host and not cap.write_back and write_back_for(ratio) and not health.warned:
             health.warned = True
-            log.warning("maitred: worker %s keeps a host KV pool of %.3g GPUs without --hicache-write-policy write_back "
-                        "(%s): host memory mirrors the GPU, so maitred counts only the part beyond the GPU's size; "
-                        "start SGLang with --hicache-write-policy write_back (as maitred sglang-args does for a host "
-                        "pool under %g GPUs) to count all of it, at the cost of an eviction waiting for its copy to "
-                        "host memory", url, ratio, cap.write_policy or "write policy not reported", WRITE_BACK_BELOW_RATIO)
+            log.warning(
+                "maitred: worker %s keeps a host KV pool of %.3g GPUs without --hicache-write-policy write_back "
+                "(%s): host memory mirrors the GPU, so maitred counts only the part beyond the GPU's size; "
+                "start SGLang with --hicache-write-policy write_back (as maitred sglang-args does for a host "
+                "pool under %g GPUs) to count all of it, at the cost of an eviction waiting for its copy to "
+                "host memory",
+                url,
+                ratio,
+                cap.write_policy or "write policy not reported",
+                WRITE_BACK_BELOW_RATIO,
+            )
 
     def failed(self, url: str, *, reason: str) -> None:
         """``url`` is down: its programs lose their KV and become homeless, to be placed on

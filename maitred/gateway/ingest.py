@@ -46,20 +46,31 @@ def _json(value: Any, status: int = 200) -> Response:
 
 
 def _hook_answer(status: int, *, accepted: int, mapped: bool) -> Response:
-    return Response(b"{}", status_code=status, media_type="application/json",
-                    headers={"x-maitred-accepted": str(accepted), "x-maitred-mapped": "true" if mapped else "false"})
+    return Response(
+        b"{}",
+        status_code=status,
+        media_type="application/json",
+        headers={"x-maitred-accepted": str(accepted), "x-maitred-mapped": "true" if mapped else "false"},
+    )
 
 
 def _stats(name: str, s: DurationStats) -> dict[str, Any]:
-    return {"tool": name, "n": s.n, "mean_s": s.mean, "std_s": s.std, "min_s": s.lo if s.n else None,
-            "max_s": s.hi if s.n else None}
+    return {
+        "tool": name,
+        "n": s.n,
+        "mean_s": s.mean,
+        "std_s": s.std,
+        "min_s": s.lo if s.n else None,
+        "max_s": s.hi if s.n else None,
+    }
 
 
 class _AdminRoutes:
     """The ingest and introspection endpoints of one gateway (one method each)."""
 
-    def __init__(self, runtime: LiveDriver, *, max_events_bytes: int, mapper: HookMapper | None,
-                 payload_error: type[Exception]) -> None:
+    def __init__(
+        self, runtime: LiveDriver, *, max_events_bytes: int, mapper: HookMapper | None, payload_error: type[Exception]
+    ) -> None:
         self.runtime, self.max_events_bytes = runtime, max_events_bytes
         self.mapper, self.payload_error = mapper, payload_error
 
@@ -74,8 +85,9 @@ class _AdminRoutes:
             self.runtime.metrics.dropped_events.labels("invalid").inc(len(rejected))
         if not batch.events:
             message = "no valid event in the batch" if rejected else "body: no events"
-            return _json({"accepted": 0, "rejected": rejected, "error": {"message": message, "type": "invalid_request_error"}},
-                         400)
+            return _json(
+                {"accepted": 0, "rejected": rejected, "error": {"message": message, "type": "invalid_request_error"}}, 400
+            )
         self.runtime.ingest(batch.events)
         return _json({"accepted": len(batch.events), "rejected": rejected})
 
@@ -99,20 +111,32 @@ class _AdminRoutes:
         body = parse_json_object(await read_body(request, self.max_events_bytes))
         unknown = sorted(set(body) - ADMIT_FIELDS)
         if unknown:
-            raise HTTPProblem(400, f"{unknown[0]}: unknown field (expected some of {', '.join(sorted(ADMIT_FIELDS))})",
-                              field=unknown[0])
+            raise HTTPProblem(
+                400, f"{unknown[0]}: unknown field (expected some of {', '.join(sorted(ADMIT_FIELDS))})", field=unknown[0]
+            )
         try:  # the same checks as an llm.start event, so errors name the field the same way
             wire = {"v": 1, "type": LLMStart.TYPE, "ts": time.time(), "request_id": uuid.uuid4().hex, **body}
             start = cast(LLMStart, decode_event(wire))
         except EventError as exc:
             raise HTTPProblem(400, str(exc), field=exc.field) from None
         try:
-            admission = await self.runtime.admit(start.program_id, request_id=start.request_id, agent=start.agent,
-                                            model=start.model, prompt_tokens=start.prompt_tokens)
+            admission = await self.runtime.admit(
+                start.program_id,
+                request_id=start.request_id,
+                agent=start.agent,
+                model=start.model,
+                prompt_tokens=start.prompt_tokens,
+            )
         except NoWorkerAvailable as exc:
             raise HTTPProblem(503, str(exc), kind="service_unavailable") from None
-        return _json({"program_id": start.program_id, "worker": admission.worker,
-                      "waited_s": round(admission.waited_s, 6), "forced": admission.forced})
+        return _json(
+            {
+                "program_id": start.program_id,
+                "worker": admission.worker,
+                "waited_s": round(admission.waited_s, 6),
+                "forced": admission.forced,
+            }
+        )
 
     async def programs(self, request: Request) -> Response:
         return _json(self.runtime.describe())
@@ -121,8 +145,9 @@ class _AdminRoutes:
         pid = request.path_params["program_id"]
         found = self.runtime.describe([pid])
         if not found:
-            raise HTTPProblem(404, f"program_id: no program {pid[:256]!r} is known to the runtime", field="program_id",
-                              kind="not_found")
+            raise HTTPProblem(
+                404, f"program_id: no program {pid[:256]!r} is known to the runtime", field="program_id", kind="not_found"
+            )
         return _json(found[0])
 
     async def tool_stats(self, request: Request) -> Response:
@@ -130,15 +155,21 @@ class _AdminRoutes:
         rows = [_stats(name, s) for name, s in sorted(history.by_tool.items())]
         rows += [{**_stats(name, s), "signature": True} for name, s in sorted(history.by_signature.items())]
         rows.append(_stats("*", history.overall))
-        return _json({"tools": rows, "prediction": {"n": log.n, "mae_s": log.mae_s, "within_half_second": log.within_half_second_share}})
+        return _json(
+            {"tools": rows, "prediction": {"n": log.n, "mae_s": log.mae_s, "within_half_second": log.within_half_second_share}}
+        )
 
     async def journal(self, request: Request) -> Response:
         """The core's decisions as they took effect (``maitred serve --journal``): what the parity
         test compares with the replay's, and a record of why a program ran where it did."""
         if not self.runtime.cfg.journal:
             raise HTTPProblem(404, "the journal is off: start maitred serve with --journal", kind="not_found")
-        return _json([{"t": e.t, "kind": e.kind, "program_id": e.program_id, "worker": e.worker, "detail": e.detail}
-                      for e in self.runtime.core.journal])
+        return _json(
+            [
+                {"t": e.t, "kind": e.kind, "program_id": e.program_id, "worker": e.worker, "detail": e.detail}
+                for e in self.runtime.core.journal
+            ]
+        )
 
     async def metrics(self, request: Request) -> Response:
         self.runtime.metrics.observe_state(self.runtime.state)
@@ -147,14 +178,28 @@ class _AdminRoutes:
     async def healthz(self, request: Request) -> Response:
         workers = {url: w.healthy for url, w in self.runtime.state.workers.items()}
         ok = any(workers.values())
-        return _json({"status": "ok" if ok else "no healthy worker", "workers": workers,
-                      "programs": len(self.runtime.state.programs), "policy": self.runtime.scheduler.policy.name,
-                      "requests_in_flight": sum(self.runtime.inflight.values()), "requests_held": self.runtime.held_count(),
-                      "tasks": len(asyncio.all_tasks())}, 200 if ok else 503)
+        return _json(
+            {
+                "status": "ok" if ok else "no healthy worker",
+                "workers": workers,
+                "programs": len(self.runtime.state.programs),
+                "policy": self.runtime.scheduler.policy.name,
+                "requests_in_flight": sum(self.runtime.inflight.values()),
+                "requests_held": self.runtime.held_count(),
+                "tasks": len(asyncio.all_tasks()),
+            },
+            200 if ok else 503,
+        )
 
 
-def add_admin_routes(app: FastAPI, runtime: LiveDriver, *, token: str | None, max_events_bytes: int,
-                     hook_mapper: tuple[HookMapper | None, type[Exception]] | None = None) -> None:
+def add_admin_routes(
+    app: FastAPI,
+    runtime: LiveDriver,
+    *,
+    token: str | None,
+    max_events_bytes: int,
+    hook_mapper: tuple[HookMapper | None, type[Exception]] | None = None,
+) -> None:
     mapper, payload_error = hook_mapper if hook_mapper is not None else claude_code_mapper()
     r = _AdminRoutes(runtime, max_events_bytes=max_events_bytes, mapper=mapper, payload_error=payload_error)
 
@@ -165,12 +210,18 @@ def add_admin_routes(app: FastAPI, runtime: LiveDriver, *, token: str | None, ma
                 return await handler(request)
             except HTTPProblem as exc:
                 return exc.response()
+
         return endpoint
 
-    for path, handler, method in (("/v1/events", r.events, "POST"), ("/v1/hooks/claude-code", r.claude_code, "POST"),
-                                  ("/v1/admit", r.admit, "POST"), ("/v1/programs", r.programs, "GET"),
-                                  ("/v1/programs/{program_id:path}", r.program, "GET"),
-                                  ("/v1/stats/tools", r.tool_stats, "GET"), ("/v1/journal", r.journal, "GET")):
+    for path, handler, method in (
+        ("/v1/events", r.events, "POST"),
+        ("/v1/hooks/claude-code", r.claude_code, "POST"),
+        ("/v1/admit", r.admit, "POST"),
+        ("/v1/programs", r.programs, "GET"),
+        ("/v1/programs/{program_id:path}", r.program, "GET"),
+        ("/v1/stats/tools", r.tool_stats, "GET"),
+        ("/v1/journal", r.journal, "GET"),
+    ):
         app.add_route(path, guarded(handler), methods=[method], include_in_schema=False)
     app.add_route("/metrics", r.metrics, methods=["GET"], include_in_schema=False)
     app.add_route("/healthz", r.healthz, methods=["GET"], include_in_schema=False)

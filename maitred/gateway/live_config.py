@@ -9,17 +9,17 @@ from maitred.runtime.records import SignalConfig
 @dataclass(frozen=True, slots=True)
 class LiveConfig:
     policy: str = "maitred"
-    tick_s: float | None = None      # periodic scheduler step (None: the policy's cadence)
-    min_gap_s: float = 0.01          # event-driven steps closer than this are coalesced
+    tick_s: float | None = None  # periodic scheduler step (None: the policy's cadence)
+    min_gap_s: float = 0.01  # event-driven steps closer than this are coalesced
     hold_timeout_s: float | None = None  # bounded wait of a held request (None: the policy's cadence)
-    poll_s: float = 1.0              # worker health and load polling
-    fail_after: int = 3              # failed health checks in a row before a worker is declared down
-    priority: bool = False           # set SGLang's request priority (--radix-eviction-policy priority)
-    priority_epoch_s: float = 10.0   # see maitred.runtime.admission.encode_priority
+    poll_s: float = 1.0  # worker health and load polling
+    fail_after: int = 3  # failed health checks in a row before a worker is declared down
+    priority: bool = False  # set SGLang's request priority (--radix-eviction-policy priority)
+    priority_epoch_s: float = 10.0  # see maitred.runtime.admission.encode_priority
     warmups: bool = True
-    journal: bool = False            # keep the core's decisions for GET /v1/journal
-    program_ttl_s: float = 3600.0    # programs silent this long are forgotten (no program.end came)
-    busy_margin: float = SignalConfig().busy_margin              # maitred's GPU-tier sizing (tiering.py)
+    journal: bool = False  # keep the core's decisions for GET /v1/journal
+    program_ttl_s: float = 3600.0  # programs silent this long are forgotten (no program.end came)
+    busy_margin: float = SignalConfig().busy_margin  # maitred's GPU-tier sizing (tiering.py)
     overcommit_headroom: float = SignalConfig().overcommit_headroom
 
     def __post_init__(self) -> None:

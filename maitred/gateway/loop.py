@@ -75,23 +75,34 @@ class LiveDriver:
     clock: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
-        self.state = RuntimeState([], SignalConfig(busy_margin=self.cfg.busy_margin,
-                                                   overcommit_headroom=self.cfg.overcommit_headroom))
+        self.state = RuntimeState(
+            [], SignalConfig(busy_margin=self.cfg.busy_margin, overcommit_headroom=self.cfg.overcommit_headroom)
+        )
         for url in self.backends:
             self.state.add_worker(WorkerState(url, gpu_tokens=0, healthy=False))
         self.started_at = self.clock()
-        self.core = RuntimeCore(self.state, self.cfg.policy, CoreConfig(
-            period_s=self.cfg.tick_s, hold_s=self.cfg.hold_timeout_s, priorities=self.cfg.priority,
-            priority_epoch_s=self.cfg.priority_epoch_s, warmups=self.cfg.warmups, journal=self.cfg.journal),
-            started_at=self.started_at)
+        self.core = RuntimeCore(
+            self.state,
+            self.cfg.policy,
+            CoreConfig(
+                period_s=self.cfg.tick_s,
+                hold_s=self.cfg.hold_timeout_s,
+                priorities=self.cfg.priority,
+                priority_epoch_s=self.cfg.priority_epoch_s,
+                warmups=self.cfg.warmups,
+                journal=self.cfg.journal,
+            ),
+            started_at=self.started_at,
+        )
         self.state.cfg = replace(self.state.cfg, period_s=self.core.cadence.period_s)
         self.scheduler = self.core.scheduler
         self.decision: Decision | None = None
         self.inflight: Counter[str] = Counter()
         self.steps_failed = 0
         self._held: dict[str, list[_Held]] = {}
-        self.watch = WorkerWatch(self.backends, self.state, self.metrics, fail_after=self.cfg.fail_after,
-                                 policy=self.cfg.policy, on_change=self.kick)
+        self.watch = WorkerWatch(
+            self.backends, self.state, self.metrics, fail_after=self.cfg.fail_after, policy=self.cfg.policy, on_change=self.kick
+        )
         self._prompts: dict[str, Prompt] = {}  # program -> its last prompt (for warmups)
         self._handoff_prompts: dict[str, str] = {}  # consumer program -> a handoff's expected_prompt
         self.last_usage: dict[str, tuple[int, int | None]] = {}  # program -> (prompt, cached) tokens of its last answer
@@ -155,8 +166,11 @@ class LiveDriver:
                 log.exception("maitred: worker polling failed")
 
     def _forget_silent(self, now: float) -> None:
-        stale = [pid for pid, p in self.state.programs.items()
-                 if now - p.phase_since > self.cfg.program_ttl_s and pid not in self._held]
+        stale = [
+            pid
+            for pid, p in self.state.programs.items()
+            if now - p.phase_since > self.cfg.program_ttl_s and pid not in self._held
+        ]
         for pid in stale:
             self._end(pid, now)
 
@@ -167,14 +181,21 @@ class LiveDriver:
 
     # -- requests -------------------------------------------------------------------------------
 
-    async def admit(self, program_id: str, *, request_id: str, agent: str | None, model: str | None,
-                    prompt_tokens: int | None, store: bool = True) -> Admission:
+    async def admit(
+        self,
+        program_id: str,
+        *,
+        request_id: str,
+        agent: str | None,
+        model: str | None,
+        prompt_tokens: int | None,
+        store: bool = True,
+    ) -> Admission:
         """Wait until ``program_id`` may run, and say where. A request refused because no worker
         is healthy leaves nothing behind of a program it created."""
         now = self.clock()
         known = program_id in self.state.programs
-        arrival = self.core.arrive(program_id, now, agent=agent, model=model, prompt_tokens=prompt_tokens,
-                                   request_id=request_id)
+        arrival = self.core.arrive(program_id, now, agent=agent, model=model, prompt_tokens=prompt_tokens, request_id=request_id)
         worker = arrival.worker
         if store and self.writer is not None:
             self.writer.submit([arrival.event])
@@ -266,9 +287,20 @@ class LiveDriver:
         estimate follows its tokenizer and content (code, prose, other languages)."""
         return None if size is None else size.estimate(self._chars_per_token.get(program_id))
 
-    def completed(self, program_id: str, *, request_id: str, worker: str, prompt_tokens: int | None,
-                  completion_tokens: int | None, cached_tokens: int | None, ttft_s: float | None,
-                  ok: bool, store: bool = True, size: PromptSize | None = None) -> None:
+    def completed(
+        self,
+        program_id: str,
+        *,
+        request_id: str,
+        worker: str,
+        prompt_tokens: int | None,
+        completion_tokens: int | None,
+        cached_tokens: int | None,
+        ttft_s: float | None,
+        ok: bool,
+        store: bool = True,
+        size: PromptSize | None = None,
+    ) -> None:
         """A request finished: what the worker reported updates the program (its context, and
         what is now cached where) and goes to the store."""
         now = self.clock()
@@ -284,9 +316,17 @@ class LiveDriver:
             self.last_usage[program_id] = (prompt_tokens, cached_tokens)
             if size is not None and size.tokens is None and size.chars and prompt_tokens:
                 self._chars_per_token[program_id] = size.chars / prompt_tokens
-        event = LLMEnd(ts=now, program_id=program_id, request_id=request_id, prompt_tokens=prompt,
-                       completion_tokens=completion_tokens or 0, cached_tokens=cached_tokens,
-                       worker=worker if ok else None, ttft_s=ttft_s, status="ok" if ok else "error")
+        event = LLMEnd(
+            ts=now,
+            program_id=program_id,
+            request_id=request_id,
+            prompt_tokens=prompt,
+            completion_tokens=completion_tokens or 0,
+            cached_tokens=cached_tokens,
+            worker=worker if ok else None,
+            ttft_s=ttft_s,
+            status="ok" if ok else "error",
+        )
         self.core.observe(event)
         if store and self.writer is not None:
             self.writer.submit([event])
@@ -400,8 +440,7 @@ class LiveDriver:
         started = time.perf_counter()
         try:
             snapshot = self.state.snapshot()
-            plan, counts = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._plan, snapshot, self.clock())
+            plan, counts = await asyncio.get_running_loop().run_in_executor(self._executor, self._plan, snapshot, self.clock())
             result = self.core.apply(plan, self.clock())
         except asyncio.CancelledError:
             raise
@@ -441,8 +480,9 @@ class LiveDriver:
         """A handoff's consumer is warmed with the prompt the handoff said it will send
         (``expected_prompt``, LOCAL's API); other warmups replay the program's last prompt.
         The policy admits only warmups whose prompt is held here (``Prompts.sendable``)."""
-        prompt: Prompt | None = (self._handoff_prompts.get(warmup.program_id) if warmup.kind == "handoff"
-                                 else self._prompts.get(warmup.program_id))
+        prompt: Prompt | None = (
+            self._handoff_prompts.get(warmup.program_id) if warmup.kind == "handoff" else self._prompts.get(warmup.program_id)
+        )
         if prompt is None or warmup.worker not in self.backends:
             self.metrics.warmups.labels("skipped").inc()
             return
@@ -489,18 +529,32 @@ class LiveDriver:
             p = state.programs[pid]
             signals = state.signals_of(p, now)
             last_prompt, last_cached = self.last_usage.get(pid, (None, None))
-            out.append({
-                "program_id": pid, "agent": p.agent, "phase": p.phase.value, "tier": p.tier.value,
-                "worker": p.home_worker, "context_tokens": p.context_tokens,
-                "idleness": round(signals.idleness, 4), "readiness": signals.readiness.r,
-                "readiness_source": signals.readiness.source,
-                "predicted_tool_end": signals.readiness.predicted_end,
-                "tool": None if p.tool is None else {"call_id": p.tool.call_id, "tool": p.tool.tool,
-                                                     "signature": p.tool.signature, "started": p.tool.started},
-                "held": pid in self._held,
-                "last_prompt_tokens": last_prompt, "last_cached_tokens": last_cached,
-                "priority": None if p.home_worker is None else self.ratchet.get(pid, {}).get(p.home_worker),
-                "cached": {k[0]: {"tokens": r.tokens, "observed_at": r.observed_at} for k, r in p.residency.items()},
-                "gpu_tier": p.tier is Tier.GPU,
-            })
+            out.append(
+                {
+                    "program_id": pid,
+                    "agent": p.agent,
+                    "phase": p.phase.value,
+                    "tier": p.tier.value,
+                    "worker": p.home_worker,
+                    "context_tokens": p.context_tokens,
+                    "idleness": round(signals.idleness, 4),
+                    "readiness": signals.readiness.r,
+                    "readiness_source": signals.readiness.source,
+                    "predicted_tool_end": signals.readiness.predicted_end,
+                    "tool": None
+                    if p.tool is None
+                    else {
+                        "call_id": p.tool.call_id,
+                        "tool": p.tool.tool,
+                        "signature": p.tool.signature,
+                        "started": p.tool.started,
+                    },
+                    "held": pid in self._held,
+                    "last_prompt_tokens": last_prompt,
+                    "last_cached_tokens": last_cached,
+                    "priority": None if p.home_worker is None else self.ratchet.get(pid, {}).get(p.home_worker),
+                    "cached": {k[0]: {"tokens": r.tokens, "observed_at": r.observed_at} for k, r in p.residency.items()},
+                    "gpu_tier": p.tier is Tier.GPU,
+                }
+            )
         return out

@@ -22,6 +22,7 @@ def program_counts(programs: Iterable[ProgramState]) -> Tally:
     """Programs by (tier, phase): computed on a snapshot, off the event loop."""
     return collections.Counter((p.tier, p.phase) for p in programs)
 
+
 #: Request latencies from sub-millisecond (a held request released at once) to minutes.
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 #: Tool durations: the calibrated workload spans 30 ms to many minutes.
@@ -34,30 +35,60 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.programs = Gauge("maitred_programs", "Programs known to the runtime, by tier and phase", ["tier", "phase"], registry=r)
+        self.programs = Gauge(
+            "maitred_programs", "Programs known to the runtime, by tier and phase", ["tier", "phase"], registry=r
+        )
         self.workers_healthy = Gauge("maitred_workers_healthy", "Workers answering their health check", registry=r)
-        self.tool_duration = Histogram("maitred_tool_duration_seconds", "Durations of completed tool calls", ["tool"],
-                                       buckets=TOOL_BUCKETS, registry=r)
-        self.readiness_mae = Gauge("maitred_readiness_error_mae_seconds",
-                                   "Mean absolute error of the tool-return prediction in force when each tool ended", registry=r)
-        self.readiness_within = Gauge("maitred_readiness_error_within_half_second_ratio",
-                                      "Share of tool-return predictions within 0.5 s of the observed end", registry=r)
+        self.tool_duration = Histogram(
+            "maitred_tool_duration_seconds", "Durations of completed tool calls", ["tool"], buckets=TOOL_BUCKETS, registry=r
+        )
+        self.readiness_mae = Gauge(
+            "maitred_readiness_error_mae_seconds",
+            "Mean absolute error of the tool-return prediction in force when each tool ended",
+            registry=r,
+        )
+        self.readiness_within = Gauge(
+            "maitred_readiness_error_within_half_second_ratio",
+            "Share of tool-return predictions within 0.5 s of the observed end",
+            registry=r,
+        )
         self.tier_moves = Counter("maitred_tier_moves_total", "Tier moves applied, by destination tier", ["dst"], registry=r)
         self.assignments = Counter("maitred_assignments_total", "Programs placed on a worker, by reason", ["reason"], registry=r)
-        self.tick = Histogram("maitred_scheduler_tick_seconds", "Wall time of one scheduler step (snapshot, plan, apply)",
-                              buckets=TICK_BUCKETS, registry=r)
-        self.scheduler_errors = Counter("maitred_scheduler_errors_total",
-                                        "Scheduler steps that failed (policy errors fall back to plain routing)", registry=r)
-        self.voided = Counter("maitred_plan_voided_total", "Planned assignments dropped by the re-check against live state", registry=r)
-        self.queue_wait = Histogram("maitred_queue_wait_seconds", "Time a request was held in the gateway before admission",
-                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.tick = Histogram(
+            "maitred_scheduler_tick_seconds",
+            "Wall time of one scheduler step (snapshot, plan, apply)",
+            buckets=TICK_BUCKETS,
+            registry=r,
+        )
+        self.scheduler_errors = Counter(
+            "maitred_scheduler_errors_total", "Scheduler steps that failed (policy errors fall back to plain routing)", registry=r
+        )
+        self.voided = Counter(
+            "maitred_plan_voided_total", "Planned assignments dropped by the re-check against live state", registry=r
+        )
+        self.queue_wait = Histogram(
+            "maitred_queue_wait_seconds",
+            "Time a request was held in the gateway before admission",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.forced = Counter("maitred_forced_admissions_total", "Held requests let through after the bounded wait", registry=r)
-        self.ttft = Histogram("maitred_ttft_seconds", "Time to first byte from the worker, as seen by the gateway",
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self.requests = Counter("maitred_requests_total", "Proxied requests, by endpoint and outcome", ["endpoint", "outcome"], registry=r)
+        self.ttft = Histogram(
+            "maitred_ttft_seconds",
+            "Time to first byte from the worker, as seen by the gateway",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.requests = Counter(
+            "maitred_requests_total", "Proxied requests, by endpoint and outcome", ["endpoint", "outcome"], registry=r
+        )
         self.prompt_tokens = Counter("maitred_prompt_tokens_total", "Prompt tokens reported by workers", registry=r)
-        self.cached_tokens = Counter("maitred_cached_tokens_total", "Prompt tokens the worker served from its prefix cache", registry=r)
-        self.worker_failures = Counter("maitred_worker_failures_total", "Requests that found their worker unreachable", ["worker"], registry=r)
+        self.cached_tokens = Counter(
+            "maitred_cached_tokens_total", "Prompt tokens the worker served from its prefix cache", registry=r
+        )
+        self.worker_failures = Counter(
+            "maitred_worker_failures_total", "Requests that found their worker unreachable", ["worker"], registry=r
+        )
         self.warmups = Counter("maitred_warmups_total", "Pre-prefill warmups, by outcome", ["outcome"], registry=r)
         self.events = Counter("maitred_events_total", "Events accepted by the runtime", registry=r)
         self.dropped_events = Counter("maitred_dropped_events_total", "Events not stored, by reason", ["reason"], registry=r)

@@ -17,8 +17,9 @@ from maitred.gateway.guard import HTTPProblem
 
 def _valid(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH:
-        raise HTTPProblem(400, f"{where}: expected a string of 1 to {MAX_ID_LENGTH} characters, got {str(value)[:64]!r}",
-                          field=where)
+        raise HTTPProblem(
+            400, f"{where}: expected a string of 1 to {MAX_ID_LENGTH} characters, got {str(value)[:64]!r}", field=where
+        )
     return value
 
 

@@ -46,8 +46,8 @@ ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "
 @dataclass(frozen=True, slots=True)
 class ProxyConfig:
     max_body_bytes: int = 64 << 20
-    request_timeout_s: float = 600.0   # a long generation is not a failure; this bounds a hung worker
-    max_attempts: int = 3              # sends of one request (a worker died under it: try another)
+    request_timeout_s: float = 600.0  # a long generation is not a failure; this bounds a hung worker
+    max_attempts: int = 3  # sends of one request (a worker died under it: try another)
 
 
 @dataclass(slots=True)
@@ -107,8 +107,9 @@ class Proxy:
             return exc.response()
         except NoWorkerAvailable as exc:
             self.runtime.metrics.requests.labels(endpoint, "no_worker").inc()
-            return error_response(503, f"no worker can take the request: {exc}", kind="service_unavailable",
-                                  headers={"retry-after": "1"})
+            return error_response(
+                503, f"no worker can take the request: {exc}", kind="service_unavailable", headers={"retry-after": "1"}
+            )
 
     def _prepare(self, endpoint: str, path: str, raw: bytes, request: Request) -> _Call:
         body = parse_json_object(raw)
@@ -117,8 +118,17 @@ class Proxy:
         if not isinstance(stream, bool):
             raise HTTPProblem(400, f"stream: expected true or false, got {stream!r}", field="stream")
         anonymous = program_id is None
-        call = _Call(endpoint, path, body, raw, changed, program_id or "anon-" + self.runtime.new_request_id(), anonymous, stream,
-                     self.runtime.new_request_id())
+        call = _Call(
+            endpoint,
+            path,
+            body,
+            raw,
+            changed,
+            program_id or "anon-" + self.runtime.new_request_id(),
+            anonymous,
+            stream,
+            self.runtime.new_request_id(),
+        )
         if stream and endpoint != "generate":
             options = body.get("stream_options")
             if options is None or (isinstance(options, dict) and not options.get("include_usage")):
@@ -135,8 +145,14 @@ class Proxy:
         size = call.size = prompt_size(body)
         estimate = runtime.estimate_prompt(call.program_id, size)
         for attempt in range(self.cfg.max_attempts):
-            admission = await runtime.admit(call.program_id, request_id=call.request_id, agent=None, model=model,
-                                            prompt_tokens=estimate, store=not call.anonymous)
+            admission = await runtime.admit(
+                call.program_id,
+                request_id=call.request_id,
+                agent=None,
+                model=model,
+                prompt_tokens=estimate,
+                store=not call.anonymous,
+            )
             worker = admission.worker
             priority = runtime.priority_for(call.program_id, worker)
             if priority is not None:
@@ -158,8 +174,9 @@ class Proxy:
             except TimeoutError:
                 self._finish(call, worker, Usage(), None, ok=False)
                 runtime.metrics.requests.labels(call.endpoint, "timeout").inc()
-                return error_response(504, f"worker {worker} did not answer within {self.cfg.request_timeout_s:.0f} s",
-                                      kind="timeout")
+                return error_response(
+                    504, f"worker {worker} did not answer within {self.cfg.request_timeout_s:.0f} s", kind="timeout"
+                )
             finally:
                 if not call.stream:
                     runtime.inflight[worker] -= 1
@@ -169,8 +186,7 @@ class Proxy:
             runtime.metrics.requests.labels(call.endpoint, "ok" if ok else f"worker_{status}").inc()
             return Response(payload, status_code=status, media_type=media_type)
         runtime.metrics.requests.labels(call.endpoint, "failed").inc()
-        return error_response(502, f"no worker completed the request after {self.cfg.max_attempts} attempts",
-                              kind="bad_gateway")
+        return error_response(502, f"no worker completed the request after {self.cfg.max_attempts} attempts", kind="bad_gateway")
 
     async def _lost(self, call: _Call, worker: str, exc: Exception, attempt: int) -> None:
         """The connection to ``worker`` failed. Refused: the worker is down. Dropped: it may
@@ -178,16 +194,29 @@ class Proxy:
         benign race); its health check tells which, and only a failed one re-places programs."""
         self.runtime.metrics.requests.labels(call.endpoint, "retried").inc()
         if not isinstance(exc, aiohttp.ClientConnectorError) and await self.runtime.backends[worker].healthy():
-            log.info("maitred: %s to %s dropped (%s) but the worker is healthy; sending again", call.endpoint, worker,
-                     type(exc).__name__)
+            log.info(
+                "maitred: %s to %s dropped (%s) but the worker is healthy; sending again",
+                call.endpoint,
+                worker,
+                type(exc).__name__,
+            )
             return
         log.warning("maitred: %s to %s failed (%s: %s); attempt %d", call.endpoint, worker, type(exc).__name__, exc, attempt + 1)
         self.runtime.worker_failed(worker, reason=type(exc).__name__)
 
     def _finish(self, call: _Call, worker: str, usage: Usage, ttft_s: float | None, *, ok: bool) -> None:
-        self.runtime.completed(call.program_id, request_id=call.request_id, worker=worker, size=call.size,
-                               prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-                               cached_tokens=usage.cached_tokens, ttft_s=ttft_s, ok=ok, store=not call.anonymous)
+        self.runtime.completed(
+            call.program_id,
+            request_id=call.request_id,
+            worker=worker,
+            size=call.size,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cached_tokens=usage.cached_tokens,
+            ttft_s=ttft_s,
+            ok=ok,
+            store=not call.anonymous,
+        )
         if call.anonymous:
             self.runtime.end_anonymous(call.program_id)
 
@@ -216,8 +245,9 @@ class Proxy:
                 release()
             self._finish(call, worker, Usage(), None, ok=False)
             runtime.metrics.requests.labels(call.endpoint, f"worker_{upstream.status}").inc()
-            return Response(payload, status_code=upstream.status,
-                            media_type=upstream.headers.get("content-type", "application/json"))
+            return Response(
+                payload, status_code=upstream.status, media_type=upstream.headers.get("content-type", "application/json")
+            )
         chunks = upstream.content.iter_any()
         try:
             first = await anext(chunks, b"")
@@ -226,8 +256,9 @@ class Proxy:
             release()
             raise
         piped = _Piped(self, call, worker, upstream, release, time.perf_counter() - started)
-        return _Relay(piped.relay(first, chunks), on_close=piped.close,
-                      media_type=upstream.headers.get("content-type", "text/event-stream"))
+        return _Relay(
+            piped.relay(first, chunks), on_close=piped.close, media_type=upstream.headers.get("content-type", "text/event-stream")
+        )
 
 
 class _Piped:
@@ -235,8 +266,9 @@ class _Piped:
     once, before the client sees the end (so whatever the client does next finds it there), or
     when the stream breaks or the client leaves."""
 
-    def __init__(self, proxy: "Proxy", call: _Call, worker: str, upstream: aiohttp.ClientResponse,
-                 release: Callable[[], None], ttft: float) -> None:
+    def __init__(
+        self, proxy: "Proxy", call: _Call, worker: str, upstream: aiohttp.ClientResponse, release: Callable[[], None], ttft: float
+    ) -> None:
         self.proxy, self.call, self.worker, self.upstream, self.release, self.ttft = proxy, call, worker, upstream, release, ttft
         self.scanner = SSEUsage(drop_usage_only=call.injected_usage)
         self.ok, self.recorded = True, False
@@ -279,9 +311,9 @@ class _Piped:
 
     async def close(self) -> None:
         if self.ok and self.upstream.content.at_eof():
-            self.upstream.release()   # read to the end: the connection goes back to the pool
+            self.upstream.release()  # read to the end: the connection goes back to the pool
         else:
-            self.upstream.close()     # cut short: the worker sees the disconnect and aborts the request
+            self.upstream.close()  # cut short: the worker sees the disconnect and aborts the request
         self.release()
         if not self.recorded:  # the client went away mid-stream
             self.ok = False
@@ -315,4 +347,3 @@ def add_proxy_routes(app: FastAPI, proxy: Proxy) -> None:
     # FastAPI's parameter resolution (a measurable share of the latency budget) is skipped.
     for path in ENDPOINTS:
         app.add_route(path, proxy.handle, methods=["POST"], include_in_schema=False)
-

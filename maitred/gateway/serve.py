@@ -67,54 +67,96 @@ def _gpus(text: str) -> tuple[str, ...]:
 def add_sglang_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=_gpus, default=("0",), help="GPU indices, one SGLang server each (default: 0)")
     parser.add_argument("--sglang-host", default="127.0.0.1", help="address the SGLang servers bind (default: 127.0.0.1)")
-    parser.add_argument("--sglang-base-port", type=port, default=30000,
-                        help="port of the first SGLang server; the next GPUs take the next ports (default: 30000)")
-    parser.add_argument("--hicache-ratio", type=_ratio, default=2.0, help="host KV pool as a multiple of the GPU pool (default: 2)")
-    parser.add_argument("--sglang-python", default=sys.executable,
-                        help="Python interpreter that has sglang installed (default: this one)")
-    parser.add_argument("--sglang-arg", action="append", default=[], metavar="ARG",
-                        help="one more argument for every SGLang server, e.g. --sglang-arg=--tp-size=2 (repeatable)")
+    parser.add_argument(
+        "--sglang-base-port",
+        type=port,
+        default=30000,
+        help="port of the first SGLang server; the next GPUs take the next ports (default: 30000)",
+    )
+    parser.add_argument(
+        "--hicache-ratio", type=_ratio, default=2.0, help="host KV pool as a multiple of the GPU pool (default: 2)"
+    )
+    parser.add_argument(
+        "--sglang-python", default=sys.executable, help="Python interpreter that has sglang installed (default: this one)"
+    )
+    parser.add_argument(
+        "--sglang-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more argument for every SGLang server, e.g. --sglang-arg=--tp-size=2 (repeatable)",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``maitred serve`` (SPEC 11, plus the runtime's knobs)."""
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1; others need --token)")
     parser.add_argument("--port", type=port, default=8000, help="port to listen on (default: 8000)")
-    parser.add_argument("--worker", type=_worker_url, action="append", default=[], metavar="URL",
-                        help="base URL of an SGLang server (repeatable)")
+    parser.add_argument(
+        "--worker", type=_worker_url, action="append", default=[], metavar="URL", help="base URL of an SGLang server (repeatable)"
+    )
     parser.add_argument("--policy", choices=POLICY_NAMES, default="maitred", help="scheduling policy (default: maitred)")
-    parser.add_argument("--db", default=None,
-                        help="session store URL or SQLite path (default: $MAITRED_DB or sqlite:///maitred.db)")
+    parser.add_argument(
+        "--db", default=None, help="session store URL or SQLite path (default: $MAITRED_DB or sqlite:///maitred.db)"
+    )
     parser.add_argument("--no-db", action="store_true", help="keep no history (events only update the live state)")
-    parser.add_argument("--token", default=None,
-                        help="bearer token required on ingest and admin endpoints (default: $MAITRED_TOKEN)")
-    parser.add_argument("--tick", type=seconds, default=None,
-                        help="scheduler period in seconds (default: the policy's, as its authors run it: 1 s for "
-                             "maitred, tao, cache_aware and round_robin, 5 s for thunderagent and mori)")
-    parser.add_argument("--hold-timeout", type=seconds, default=None,
-                        help="longest a request is held before it is let through anyway (default: the policy's: "
-                             f"{HOLD_TIMEOUT_S:g} s for maitred, ThunderAgent's 1800 s for the baselines; keep it under "
-                             "your clients' request timeout)")
-    parser.add_argument("--journal", action="store_true",
-                        help="keep the scheduler's decisions (admissions, placements, tier moves) for GET /v1/journal")
-    parser.add_argument("--busy-margin", type=bounded(0.0, 1.0, open_low=True), default=None,
-                        help="maitred: share of GPU KV the expected busy set of admitted programs may fill "
-                             f"(default: {SignalConfig().busy_margin:g})")
-    parser.add_argument("--overcommit-headroom", type=bounded(0.0, 10.0), default=None,
-                        help="maitred: admitted KV beyond what GPU and host memory keep, in GPUs; it is recomputed "
-                             f"when evicted (default: {SignalConfig().overcommit_headroom:g}; 0 never overcommits)")
-    parser.add_argument("--priority", action="store_true",
-                        help="send SGLang request priorities (for --radix-eviction-policy priority; on with --launch-sglang)")
+    parser.add_argument(
+        "--token", default=None, help="bearer token required on ingest and admin endpoints (default: $MAITRED_TOKEN)"
+    )
+    parser.add_argument(
+        "--tick",
+        type=seconds,
+        default=None,
+        help="scheduler period in seconds (default: the policy's, as its authors run it: 1 s for "
+        "maitred, tao, cache_aware and round_robin, 5 s for thunderagent and mori)",
+    )
+    parser.add_argument(
+        "--hold-timeout",
+        type=seconds,
+        default=None,
+        help="longest a request is held before it is let through anyway (default: the policy's: "
+        f"{HOLD_TIMEOUT_S:g} s for maitred, ThunderAgent's 1800 s for the baselines; keep it under "
+        "your clients' request timeout)",
+    )
+    parser.add_argument(
+        "--journal",
+        action="store_true",
+        help="keep the scheduler's decisions (admissions, placements, tier moves) for GET /v1/journal",
+    )
+    parser.add_argument(
+        "--busy-margin",
+        type=bounded(0.0, 1.0, open_low=True),
+        default=None,
+        help="maitred: share of GPU KV the expected busy set of admitted programs may fill "
+        f"(default: {SignalConfig().busy_margin:g})",
+    )
+    parser.add_argument(
+        "--overcommit-headroom",
+        type=bounded(0.0, 10.0),
+        default=None,
+        help="maitred: admitted KV beyond what GPU and host memory keep, in GPUs; it is recomputed "
+        f"when evicted (default: {SignalConfig().overcommit_headroom:g}; 0 never overcommits)",
+    )
+    parser.add_argument(
+        "--priority",
+        action="store_true",
+        help="send SGLang request priorities (for --radix-eviction-policy priority; on with --launch-sglang)",
+    )
     parser.add_argument("--no-warmups", action="store_true", help="never send prefill-only warmups")
     parser.add_argument("--max-body-mb", type=_megabytes, default=64 << 20, help="largest model request body (default: 64)")
     parser.add_argument("--max-events-mb", type=_megabytes, default=16 << 20, help="largest event batch body (default: 16)")
-    parser.add_argument("--request-timeout", type=seconds, default=600.0,
-                        help="longest a worker may take to answer one request (default: 600 s)")
-    parser.add_argument("--wait-for-workers", type=seconds, default=30.0,
-                        help="at start, wait this long for a worker to answer (default: 30 s)")
+    parser.add_argument(
+        "--request-timeout", type=seconds, default=600.0, help="longest a worker may take to answer one request (default: 600 s)"
+    )
+    parser.add_argument(
+        "--wait-for-workers", type=seconds, default=30.0, help="at start, wait this long for a worker to answer (default: 30 s)"
+    )
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
-    parser.add_argument("--launch-sglang", metavar="MODEL_PATH",
-                        help="start one SGLang server per GPU (see --gpus) as children, and route to them")
+    parser.add_argument(
+        "--launch-sglang",
+        metavar="MODEL_PATH",
+        help="start one SGLang server per GPU (see --gpus) as children, and route to them",
+    )
     add_sglang_arguments(parser)
 
 
@@ -129,8 +171,10 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
 
     token = args.token or os.environ.get("MAITRED_TOKEN") or None
     if args.host not in LOOPBACK and token is None:
-        raise _Refused("--host: binding a non-loopback address needs --token (or MAITRED_TOKEN): "
-                       "the ingest and admin endpoints would be open to the network")
+        raise _Refused(
+            "--host: binding a non-loopback address needs --token (or MAITRED_TOKEN): "
+            "the ingest and admin endpoints would be open to the network"
+        )
     db = None
     if not args.no_db:
         from maitred.middleware.config import default_db_url
@@ -138,24 +182,47 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
         db = args.db or default_db_url()
     elif args.db:
         raise _Refused("--no-db: cannot be combined with --db")
-    sizing = {name: value for name, value in (("busy_margin", args.busy_margin),
-                                              ("overcommit_headroom", args.overcommit_headroom)) if value is not None}
+    sizing = {
+        name: value
+        for name, value in (("busy_margin", args.busy_margin), ("overcommit_headroom", args.overcommit_headroom))
+        if value is not None
+    }
     if sizing and args.policy != "maitred":
         flag = "--" + next(iter(sizing)).replace("_", "-")
         raise _Refused(f"{flag}: only the maitred policy sizes its GPU tier by the busy set (--policy {args.policy})")
-    runtime = LiveConfig(policy=args.policy, tick_s=args.tick, hold_timeout_s=args.hold_timeout,
-                            priority=args.priority or bool(args.launch_sglang), warmups=not args.no_warmups,
-                            journal=args.journal, **sizing)
+    runtime = LiveConfig(
+        policy=args.policy,
+        tick_s=args.tick,
+        hold_timeout_s=args.hold_timeout,
+        priority=args.priority or bool(args.launch_sglang),
+        warmups=not args.no_warmups,
+        journal=args.journal,
+        **sizing,
+    )
     proxy = ProxyConfig(max_body_bytes=args.max_body_mb, request_timeout_s=args.request_timeout)
-    return ServeConfig(workers=list(workers), db_url=db, token=token, runtime=runtime, proxy=proxy,
-                       max_events_bytes=args.max_events_mb, wait_for_workers_s=args.wait_for_workers)
+    return ServeConfig(
+        workers=list(workers),
+        db_url=db,
+        token=token,
+        runtime=runtime,
+        proxy=proxy,
+        max_events_bytes=args.max_events_mb,
+        wait_for_workers_s=args.wait_for_workers,
+    )
 
 
 def _launch(args: argparse.Namespace) -> "SGLangLaunch":
     from maitred.gateway.sglang.launch import SGLangLaunch
 
-    return SGLangLaunch(args.launch_sglang, args.gpus, host=args.sglang_host, base_port=args.sglang_base_port,
-                        hicache_ratio=args.hicache_ratio, extra_args=tuple(args.sglang_arg), python=args.sglang_python)
+    return SGLangLaunch(
+        args.launch_sglang,
+        args.gpus,
+        host=args.sglang_host,
+        base_port=args.sglang_base_port,
+        hicache_ratio=args.hicache_ratio,
+        extra_args=tuple(args.sglang_arg),
+        python=args.sglang_python,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -192,8 +259,15 @@ def run(args: argparse.Namespace) -> int:
         if children is not None:
             children.start()
         gateway = build_app(cfg, on_shutdown=children.stop if children is not None else None)
-        uvicorn.run(gateway.app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                    timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE_S)
+        uvicorn.run(
+            gateway.app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            access_log=False,
+            timeout_graceful_shutdown=10,
+            timeout_keep_alive=KEEP_ALIVE_S,
+        )
     except (TimeoutError, RuntimeError) as exc:
         print(f"maitred serve: error: {exc}", file=sys.stderr)
         return 1
@@ -215,8 +289,15 @@ def run_sglang_args(args: argparse.Namespace) -> int:
     from maitred.gateway.sglang.launch import SGLangLaunch
 
     try:
-        launch = SGLangLaunch(args.model_path, args.gpus, host=args.sglang_host, base_port=args.sglang_base_port,
-                              hicache_ratio=args.hicache_ratio, extra_args=tuple(args.sglang_arg), python=args.sglang_python)
+        launch = SGLangLaunch(
+            args.model_path,
+            args.gpus,
+            host=args.sglang_host,
+            base_port=args.sglang_base_port,
+            hicache_ratio=args.hicache_ratio,
+            extra_args=tuple(args.sglang_arg),
+            python=args.sglang_python,
+        )
     except ValueError as exc:
         return _refuse(str(exc), command="sglang-args")
     for spec in launch.specs():

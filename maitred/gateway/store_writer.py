@@ -25,13 +25,20 @@ log = logging.getLogger("maitred.service")
 
 
 class StoreWriter:
-    def __init__(self, open_store: Callable[[], SessionStore], *, capacity: int = 200_000, batch: int = 2_000,
-                 interval_s: float = 0.2, on_drop: Callable[[str, int], None] | None = None,
-                 on_open: Callable[[SessionStore], None] | None = None) -> None:
+    def __init__(
+        self,
+        open_store: Callable[[], SessionStore],
+        *,
+        capacity: int = 200_000,
+        batch: int = 2_000,
+        interval_s: float = 0.2,
+        on_drop: Callable[[str, int], None] | None = None,
+        on_open: Callable[[SessionStore], None] | None = None,
+    ) -> None:
         self.open_store = open_store
         self.on_open = on_open
         self.store: SessionStore | None = None
-        self.broken: str | None = None   # why the store can never be written, once known
+        self.broken: str | None = None  # why the store can never be written, once known
         self.capacity = capacity
         self.batch = batch
         self.interval_s = interval_s
@@ -41,7 +48,7 @@ class StoreWriter:
         self._queue: deque[Event] = deque()
         self._cond = threading.Condition()
         self._closing = False
-        self._closed_for_good = False   # the store cannot be opened: nothing will be written
+        self._closed_for_good = False  # the store cannot be opened: nothing will be written
         self._busy = False
         self._thread = threading.Thread(target=self._run, name="maitred-store-writer", daemon=True)
         self._thread.start()
@@ -56,7 +63,7 @@ class StoreWriter:
             room = self.capacity - len(self._queue)
             if len(events) > room:
                 self._drop("queue_full", len(events) - max(room, 0))
-                events = events[:max(room, 0)]
+                events = events[: max(room, 0)]
             self._queue.extend(events)
             if len(self._queue) >= self.batch:
                 self._cond.notify()
@@ -107,8 +114,9 @@ class StoreWriter:
                     try:
                         self.on_open(store)
                     except StoreUnavailable as exc:  # a server gone silent: say so, no traceback
-                        log.warning("maitred: reading tool statistics from the store failed (%s); readiness "
-                                    "starts without history", exc)
+                        log.warning(
+                            "maitred: reading tool statistics from the store failed (%s); readiness starts without history", exc
+                        )
                     except Exception:
                         log.exception("maitred: reading tool statistics from the store failed")
                 return True

@@ -128,7 +128,7 @@ class SSEUsage:
             end = self._buffer.find(b"\n\n")
             if end < 0:
                 break
-            event, self._buffer = self._buffer[:end + 2], self._buffer[end + 2:]
+            event, self._buffer = self._buffer[: end + 2], self._buffer[end + 2 :]
             if not self._usage_only(event):
                 out.append(event)
         return b"".join(out)
@@ -157,7 +157,7 @@ class SSEUsage:
                 self._take(event)
             elif _META.search(event):
                 self._last_meta = event
-        self._buffer = data[data.rfind(b"\n\n") + 2:] if b"\n\n" in data else data[-65536:]
+        self._buffer = data[data.rfind(b"\n\n") + 2 :] if b"\n\n" in data else data[-65536:]
 
     def _usage_only(self, event: bytes) -> bool:
         if _META.search(event):

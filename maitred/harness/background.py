@@ -38,8 +38,16 @@ class BackgroundServer:
 
     def __post_init__(self) -> None:
         self.port = self.port or free_port(self.host)
-        config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level=self.log_level, lifespan="on",
-                                access_log=False, timeout_graceful_shutdown=5, timeout_keep_alive=KEEP_ALIVE_S)
+        config = uvicorn.Config(
+            self.app,
+            host=self.host,
+            port=self.port,
+            log_level=self.log_level,
+            lifespan="on",
+            access_log=False,
+            timeout_graceful_shutdown=5,
+            timeout_keep_alive=KEEP_ALIVE_S,
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name=f"uvicorn-{self.port}", daemon=True)
 

@@ -47,12 +47,12 @@ MAX_PROGRAMS = 200
 class LiveDemoConfig:
     programs: int = 32
     seed: int = 0
-    steps: int = 8                  # the first steps of each traced program
-    time_scale: float = 1.0         # demo seconds per traced tool second
-    engine_speedup: float = 10.0    # the simulated GPUs run this much faster than the profiled one
-    gpu_tokens: int = 120_000       # per worker: about half of the programs' contexts fit in the two
-    cpu_tokens: int = 240_000       # per worker: HiCache host memory, twice the GPU pool
-    hold_timeout_s: float = HOLD_TIMEOUT_S   # the gateway default
+    steps: int = 8  # the first steps of each traced program
+    time_scale: float = 1.0  # demo seconds per traced tool second
+    engine_speedup: float = 10.0  # the simulated GPUs run this much faster than the profiled one
+    gpu_tokens: int = 120_000  # per worker: about half of the programs' contexts fit in the two
+    cpu_tokens: int = 240_000  # per worker: HiCache host memory, twice the GPU pool
+    hold_timeout_s: float = HOLD_TIMEOUT_S  # the gateway default
     policies: tuple[str, ...] = ("maitred", "round_robin")
 
     def __post_init__(self) -> None:
@@ -72,7 +72,7 @@ class RunSummary:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     errors: int = 0
-    tiers: list[tuple[float, dict[str, int]]] = field(default_factory=list)   # (seconds since start, programs per tier)
+    tiers: list[tuple[float, dict[str, int]]] = field(default_factory=list)  # (seconds since start, programs per tier)
     metrics: dict[str, float] = field(default_factory=dict)
     tools: list[dict[str, Any]] = field(default_factory=list)
 
@@ -95,13 +95,22 @@ def _words(seed: int, n: int) -> str:
 class _Agent:
     """One traced program replayed against the gateway, as an instrumented agent would run."""
 
-    def __init__(self, index: int, pid: str, trace: ProgramTrace, prefix: dict[str, int], url: str, cfg: LiveDemoConfig,
-                 run: RunSummary, lock: threading.Lock) -> None:
+    def __init__(
+        self,
+        index: int,
+        pid: str,
+        trace: ProgramTrace,
+        prefix: dict[str, int],
+        url: str,
+        cfg: LiveDemoConfig,
+        run: RunSummary,
+        lock: threading.Lock,
+    ) -> None:
         self.index = index
         self.pid, self.trace, self.prefix, self.url, self.cfg, self.run, self.lock = pid, trace, prefix, url, cfg, run, lock
 
     def __call__(self) -> None:
-        steps = self.trace.steps[:self.cfg.steps]
+        steps = self.trace.steps[: self.cfg.steps]
         agent = steps[0].agent
         messages: list[dict[str, Any]] = [{"role": "system", "content": _words(len(agent), self.prefix.get(agent, 0))}]
         size = self.prefix.get(agent, 0)
@@ -115,8 +124,14 @@ class _Agent:
                         time.sleep(tool.duration_s * self.cfg.time_scale)
 
     def _model_step(self, client: httpx.Client, messages: list[dict[str, Any]], output_tokens: int) -> str:
-        body = {"model": "sim", "program_id": self.pid, "messages": messages, "max_tokens": max(output_tokens, 1),
-                "stream": True, "stream_options": {"include_usage": True}}
+        body = {
+            "model": "sim",
+            "program_id": self.pid,
+            "messages": messages,
+            "max_tokens": max(output_tokens, 1),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         started, first, text = time.perf_counter(), None, []
         usage: dict[str, Any] = {}
         try:
@@ -168,9 +183,13 @@ def _workers_seen(runtime: LiveDriver) -> str:
 def run_policy(policy: str, cfg: LiveDemoConfig, db_url: str | None, progress: Callable[[str], None] = print) -> RunSummary:
     trace = generate(SyntheticSpec(programs=cfg.programs, seed=cfg.seed, min_steps=cfg.steps, max_steps=cfg.steps + 20))
     run = RunSummary(policy)
-    sim = SimWorkerConfig(gpu_tokens=cfg.gpu_tokens, cpu_tokens=cfg.cpu_tokens, time_scale=cfg.engine_speedup,
-                          radix_eviction_policy="priority",
-                          hicache_write_policy=write_policy_for(cfg.cpu_tokens / cfg.gpu_tokens))
+    sim = SimWorkerConfig(
+        gpu_tokens=cfg.gpu_tokens,
+        cpu_tokens=cfg.cpu_tokens,
+        time_scale=cfg.engine_speedup,
+        radix_eviction_policy="priority",
+        hicache_write_policy=write_policy_for(cfg.cpu_tokens / cfg.gpu_tokens),
+    )
     with BackgroundServer(create_app(sim)) as w0, BackgroundServer(create_app(sim)) as w1:
         runtime = LiveConfig(policy=policy, hold_timeout_s=cfg.hold_timeout_s, priority=True)
         gateway = build_app(ServeConfig([w0.url, w1.url], db_url=db_url, runtime=runtime, wait_for_workers_s=30))
@@ -180,8 +199,12 @@ def run_policy(policy: str, cfg: LiveDemoConfig, db_url: str | None, progress: C
             started = time.monotonic()
             sampler = threading.Thread(target=_sample_tiers, args=(server.url, run, started, stop), daemon=True)
             sampler.start()
-            agents = [threading.Thread(target=_Agent(i, f"{policy}-{i}", p, trace.prefix_tokens, server.url, cfg, run, lock),
-                                       name=f"agent-{i}") for i, p in enumerate(trace.programs)]
+            agents = [
+                threading.Thread(
+                    target=_Agent(i, f"{policy}-{i}", p, trace.prefix_tokens, server.url, cfg, run, lock), name=f"agent-{i}"
+                )
+                for i, p in enumerate(trace.programs)
+            ]
             progress(f"{policy}: {len(agents)} programs through the gateway to {_workers_seen(gateway.runtime)} ...")
             for a in agents:
                 a.start()
@@ -194,16 +217,23 @@ def run_policy(policy: str, cfg: LiveDemoConfig, db_url: str | None, progress: C
             with httpx.Client(base_url=server.url, timeout=30) as client:
                 text = client.get("/metrics").text
                 run.tools = client.get("/v1/stats/tools").json()["tools"]
-            for name in ("maitred_forced_admissions_total", "maitred_tier_moves_total", "maitred_warmups_total",
-                         "maitred_queue_wait_seconds_sum", "maitred_queue_wait_seconds_count"):
+            for name in (
+                "maitred_forced_admissions_total",
+                "maitred_tier_moves_total",
+                "maitred_warmups_total",
+                "maitred_queue_wait_seconds_sum",
+                "maitred_queue_wait_seconds_count",
+            ):
                 run.metrics[name] = _metric(text, name)
             run.metrics["held"] = run.metrics["maitred_queue_wait_seconds_count"] - _metric(
-                text, 'maitred_queue_wait_seconds_bucket{le="0.001"}')
+                text, 'maitred_queue_wait_seconds_bucket{le="0.001"}'
+            )
     return run
 
 
-def run_live_demo(cfg: LiveDemoConfig, db_url: str | None, png: Path | None,
-                  progress: Callable[[str], None] = print) -> list[RunSummary]:
+def run_live_demo(
+    cfg: LiveDemoConfig, db_url: str | None, png: Path | None, progress: Callable[[str], None] = print
+) -> list[RunSummary]:
     runs = [run_policy(policy, cfg, db_url, progress) for policy in cfg.policies]
     if png is not None:
         write_png(runs, png)
@@ -211,15 +241,22 @@ def run_live_demo(cfg: LiveDemoConfig, db_url: str | None, png: Path | None,
 
 
 def summary_rows(runs: list[RunSummary]) -> list[dict[str, Any]]:
-    return [{
-        "policy": r.policy, "requests": len(r.ttft_s), "errors": r.errors, "wall_s": round(r.wall_s, 1),
-        "ttft_mean_s": round(statistics.fmean(r.ttft_s), 3) if r.ttft_s else None,
-        "ttft_p95_s": round(r.ttft(0.95), 3), "cache_hit_rate": round(r.hit_rate, 3),
-        "held_requests": int(r.metrics.get("held", 0)),
-        "forced_admissions": int(r.metrics.get("maitred_forced_admissions_total", 0)),
-        "tier_moves": int(r.metrics.get("maitred_tier_moves_total", 0)),
-        "warmups": int(r.metrics.get("maitred_warmups_total", 0)),
-    } for r in runs]
+    return [
+        {
+            "policy": r.policy,
+            "requests": len(r.ttft_s),
+            "errors": r.errors,
+            "wall_s": round(r.wall_s, 1),
+            "ttft_mean_s": round(statistics.fmean(r.ttft_s), 3) if r.ttft_s else None,
+            "ttft_p95_s": round(r.ttft(0.95), 3),
+            "cache_hit_rate": round(r.hit_rate, 3),
+            "held_requests": int(r.metrics.get("held", 0)),
+            "forced_admissions": int(r.metrics.get("maitred_forced_admissions_total", 0)),
+            "tier_moves": int(r.metrics.get("maitred_tier_moves_total", 0)),
+            "warmups": int(r.metrics.get("maitred_warmups_total", 0)),
+        }
+        for r in runs
+    ]
 
 
 def write_png(runs: list[RunSummary], path: Path) -> None:
@@ -239,8 +276,11 @@ def write_png(runs: list[RunSummary], path: Path) -> None:
     for r in runs:
         ordered = sorted(r.ttft_s)
         if ordered:
-            axes[1].plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))],
-                         label=f"{r.policy} (mean {statistics.fmean(ordered):.2f} s, cache hits {r.hit_rate:.0%})")
+            axes[1].plot(
+                ordered,
+                [(i + 1) / len(ordered) for i in range(len(ordered))],
+                label=f"{r.policy} (mean {statistics.fmean(ordered):.2f} s, cache hits {r.hit_rate:.0%})",
+            )
     axes[1].set(title="time to first token", xlabel="seconds", ylabel="share of requests", xscale="log")
     axes[1].legend(loc="lower right")
     fig.tight_layout()
@@ -257,8 +297,13 @@ def print_summary(runs: list[RunSummary], png: Path | None) -> None:
     console.width = max(console.width, 110)  # the summary has eleven columns
     table = Table(title="the same programs, two policies (time to first token as the agents saw it)")
     rows = summary_rows(runs)
-    labels = {"ttft_mean_s": "TTFT mean s", "ttft_p95_s": "TTFT p95 s", "cache_hit_rate": "cache hits",
-              "held_requests": "held", "forced_admissions": "forced"}
+    labels = {
+        "ttft_mean_s": "TTFT mean s",
+        "ttft_p95_s": "TTFT p95 s",
+        "cache_hit_rate": "cache hits",
+        "held_requests": "held",
+        "forced_admissions": "forced",
+    }
     for column in rows[0]:
         table.add_column(labels.get(column, column.replace("_", " ")), justify="left" if column == "policy" else "right")
     for row in rows:
@@ -267,8 +312,10 @@ def print_summary(runs: list[RunSummary], png: Path | None) -> None:
     tiers = next((r for r in runs if r.policy == "maitred"), runs[0]).tiers
     if tiers:
         peak = max(tiers, key=lambda tc: tc[1]["cpu"] + tc[1]["waiting"])
-        console.print(f"programs per tier under maitred, at the most crowded moment ({peak[0]:.0f} s): "
-                      + ", ".join(f"{k} {v}" for k, v in peak[1].items()))
+        console.print(
+            f"programs per tier under maitred, at the most crowded moment ({peak[0]:.0f} s): "
+            + ", ".join(f"{k} {v}" for k, v in peak[1].items())
+        )
     tools = [t for t in runs[0].tools if not t.get("signature") and t["tool"] != "*"]
     if tools:
         table = Table(title="tool durations the gateway learned (GET /v1/stats/tools)")

@@ -22,9 +22,16 @@ class LocalCluster:
 
 
 @contextmanager
-def local_cluster(*, workers: int = 2, script_tools: bool = True, db_url: str | None = None, gpu_tokens: int = 200_000,
-                  worker_ports: list[int] | None = None, time_scale: float = 20.0,
-                  overcommit_headroom: float | None = None) -> Iterator[LocalCluster]:
+def local_cluster(
+    *,
+    workers: int = 2,
+    script_tools: bool = True,
+    db_url: str | None = None,
+    gpu_tokens: int = 200_000,
+    worker_ports: list[int] | None = None,
+    time_scale: float = 20.0,
+    overcommit_headroom: float | None = None,
+) -> Iterator[LocalCluster]:
     """Start ``workers`` simulated workers and a gateway in front of them (background threads,
     real sockets on 127.0.0.1); stop them on exit. ``db_url``: where the gateway persists events.
     ``overcommit_headroom``: the gateway's (``maitred serve --overcommit-headroom``), else its default."""
@@ -39,9 +46,15 @@ def local_cluster(*, workers: int = 2, script_tools: bool = True, db_url: str | 
     if overcommit_headroom is not None:
         runtime = replace(runtime, overcommit_headroom=overcommit_headroom)
     with ExitStack() as stack:
-        sims = [stack.enter_context(BackgroundServer(create_app(SimWorkerConfig(
-            gpu_tokens=gpu_tokens, time_scale=time_scale, script_tools=script_tools)), port=port)) for port in ports]
-        gateway = build_app(ServeConfig([s.url for s in sims], db_url=db_url, wait_for_workers_s=10,
-                                        runtime=runtime))
+        sims = [
+            stack.enter_context(
+                BackgroundServer(
+                    create_app(SimWorkerConfig(gpu_tokens=gpu_tokens, time_scale=time_scale, script_tools=script_tools)),
+                    port=port,
+                )
+            )
+            for port in ports
+        ]
+        gateway = build_app(ServeConfig([s.url for s in sims], db_url=db_url, wait_for_workers_s=10, runtime=runtime))
         server = stack.enter_context(BackgroundServer(gateway.app))
         yield LocalCluster(server.url, [s.url for s in sims], db_url)

@@ -30,11 +30,11 @@ COMPARED = ("admit", "assign", "move")
 
 @dataclass(frozen=True, slots=True)
 class ParityRun:
-    journal: list[tuple[str, str, str, str]]   # (kind, program, worker, detail), in order
-    throughput_tok_s: float                    # output tokens over the makespan
+    journal: list[tuple[str, str, str, str]]  # (kind, program, worker, detail), in order
+    throughput_tok_s: float  # output tokens over the makespan
     ttft_mean_s: float
     requests: int
-    ttft_s: dict[str, list[float]]             # per program, in step order
+    ttft_s: dict[str, list[float]]  # per program, in step order
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +46,17 @@ class ParitySetup:
     start_gap_s: float = 0.5
 
     def run_config(self, trace: Trace) -> RunConfig:
-        return RunConfig(self.policy, len(trace.programs), self.cpu_ratio, duration_s=3600.0, workers=self.workers,
-                         gpu_tokens=self.gpu_tokens, once=True, start_gap_s=self.start_gap_s, journal=True)
+        return RunConfig(
+            self.policy,
+            len(trace.programs),
+            self.cpu_ratio,
+            duration_s=3600.0,
+            workers=self.workers,
+            gpu_tokens=self.gpu_tokens,
+            once=True,
+            start_gap_s=self.start_gap_s,
+            journal=True,
+        )
 
 
 def _compared(entries: list[tuple[str, str, str, str]]) -> list[tuple[str, str, str, str]]:
@@ -59,8 +68,9 @@ def replay_side(trace: Trace, setup: ParitySetup) -> ParityRun:
     result = replay.run()
     journal = [(e.kind, e.program_id, e.worker, e.detail) for e in replay.core.journal]
     makespan = max(replay.finished_at, 1e-9)
-    return ParityRun(_compared(journal), replay.output_tokens / makespan, result.ttft_mean_s, result.requests,
-                     replay.ttft_by_program)
+    return ParityRun(
+        _compared(journal), replay.output_tokens / makespan, result.ttft_mean_s, result.requests, replay.ttft_by_program
+    )
 
 
 def _extend(program_id: str, context: list[int], agent_prefix: int, tokens: int) -> list[int]:
@@ -116,8 +126,12 @@ class _Player:
         started = time.perf_counter()
         first: float | None = None
         answer: list[int] = []
-        with client.stream("POST", self.url + "/generate", content=orjson.dumps(body),
-                           headers={"content-type": "application/json", PROGRAM_ID_HEADERS[0]: self.pid}) as response:
+        with client.stream(
+            "POST",
+            self.url + "/generate",
+            content=orjson.dumps(body),
+            headers={"content-type": "application/json", PROGRAM_ID_HEADERS[0]: self.pid},
+        ) as response:
             response.raise_for_status()
             for line in response.iter_lines():
                 if not line.startswith("data: {"):
@@ -155,16 +169,36 @@ def live_side(trace: Trace, setup: ParitySetup) -> ParityRun:
     host = int(setup.gpu_tokens * setup.cpu_ratio) if replay.sim.offload else 0
     write_policy = "write_back" if replay.state.workers["w0"].write_back else "write_through"
     with ExitStack() as stack:
-        sims = [stack.enter_context(BackgroundServer(create_app(SimWorkerConfig(
-            gpu_tokens=setup.gpu_tokens, cpu_tokens=host, hicache_write_policy=write_policy,
-            radix_eviction_policy="priority" if replay.sim.typed else "lru", port=0))))
-            for _ in range(setup.workers)]
+        sims = [
+            stack.enter_context(
+                BackgroundServer(
+                    create_app(
+                        SimWorkerConfig(
+                            gpu_tokens=setup.gpu_tokens,
+                            cpu_tokens=host,
+                            hicache_write_policy=write_policy,
+                            radix_eviction_policy="priority" if replay.sim.typed else "lru",
+                            port=0,
+                        )
+                    )
+                )
+            )
+            for _ in range(setup.workers)
+        ]
         names = {s.url: f"w{i}" for i, s in enumerate(sorted(sims, key=lambda s: s.url))}
         runtime = LiveConfig(policy=replay.sim.runtime, priority=replay.core.cfg.priorities, journal=True, poll_s=0.5)
         gateway = build_app(ServeConfig(sorted(names), db_url=None, wait_for_workers_s=10, runtime=runtime))
         server = stack.enter_context(BackgroundServer(gateway.app))
-        players = [_Player(server.url, f"{trace.programs[i].program_id}#{slot}", trace.programs[i], trace.prefix_tokens,
-                           slot * setup.start_gap_s) for slot, i in enumerate(replay.order)]
+        players = [
+            _Player(
+                server.url,
+                f"{trace.programs[i].program_id}#{slot}",
+                trace.programs[i],
+                trace.prefix_tokens,
+                slot * setup.start_gap_s,
+            )
+            for slot, i in enumerate(replay.order)
+        ]
         _after_a_step(server.url)  # the replay's steps fall at 0, period, 2 × period, ... from its start
         began = time.time()
         threads = [threading.Thread(target=p, daemon=True) for p in players]
@@ -179,5 +213,10 @@ def live_side(trace: Trace, setup: ParitySetup) -> ParityRun:
     entries = [(e["kind"], e["program_id"], names.get(e["worker"], e["worker"]), e["detail"]) for e in journal]
     ttft = [x for p in players for x in p.ttft]
     makespan = max(max(p.done_at for p in players) - began, 1e-9)
-    return ParityRun(_compared(entries), sum(p.output_tokens for p in players) / makespan,
-                     sum(ttft) / len(ttft), len(ttft), {p.pid: p.ttft for p in players})
+    return ParityRun(
+        _compared(entries),
+        sum(p.output_tokens for p in players) / makespan,
+        sum(ttft) / len(ttft),
+        len(ttft),
+        {p.pid: p.ttft for p in players},
+    )

@@ -69,7 +69,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from maitred.events import Event
 
-__all__ = ["HOOK_EVENTS", "HookPayloadError", "add_arguments", "child_program_id", "command_word", "handle_payload", "main", "run", "to_events", "wire_events"]
+__all__ = [
+    "HOOK_EVENTS",
+    "HookPayloadError",
+    "add_arguments",
+    "child_program_id",
+    "command_word",
+    "handle_payload",
+    "main",
+    "run",
+    "to_events",
+    "wire_events",
+]
 
 FRAMEWORK = "claude-code"
 #: The agent of a session's main thread (Claude Code names only subagents).
@@ -150,7 +161,7 @@ def command_word(command: str) -> str | None:
     leading ``cd DIR &&`` (Claude Code prefixes many commands with one), without its directory."""
     words = command.split()
     if len(words) > 2 and words[0] == "cd" and "&&" in words:
-        words = words[words.index("&&") + 1:]
+        words = words[words.index("&&") + 1 :]
     for word in words:
         if not _ASSIGNMENT.match(word):
             return word.rsplit("/", 1)[-1][:_MAX_WORD] or None
@@ -210,16 +221,28 @@ def _pre_tool_use(p: Mapping[str, Any], session: str, now: float) -> list[Wire]:
     call_id = _text(p, "tool_use_id")
     signature, deadline, background = _tool_facts(tool, _tool_input(p))
     program_id, agent = _where(p, session)
-    return [_event(
-        "tool.start", now, program_id, agent, call_id=call_id, tool=tool, signature=signature,
-        deadline_s=deadline or None, background=background,
-    )]
+    return [
+        _event(
+            "tool.start",
+            now,
+            program_id,
+            agent,
+            call_id=call_id,
+            tool=tool,
+            signature=signature,
+            deadline_s=deadline or None,
+            background=background,
+        )
+    ]
 
 
 def _post_tool_use(p: Mapping[str, Any], session: str, now: float) -> list[Wire]:
     program_id, agent = _where(p, session)
-    return [_event("tool.end", now, program_id, agent, call_id=_text(p, "tool_use_id"), status="ok",
-                   duration_s=_millis(p, "duration_ms"))]
+    return [
+        _event(
+            "tool.end", now, program_id, agent, call_id=_text(p, "tool_use_id"), status="ok", duration_s=_millis(p, "duration_ms")
+        )
+    ]
 
 
 def _post_tool_use_failure(p: Mapping[str, Any], session: str, now: float) -> list[Wire]:
@@ -231,8 +254,17 @@ def _post_tool_use_failure(p: Mapping[str, Any], session: str, now: float) -> li
         status = "timeout"
     else:
         status = "error"
-    return [_event("tool.end", now, program_id, agent, call_id=_text(p, "tool_use_id"), status=status,
-                   duration_s=_millis(p, "duration_ms"))]
+    return [
+        _event(
+            "tool.end",
+            now,
+            program_id,
+            agent,
+            call_id=_text(p, "tool_use_id"),
+            status=status,
+            duration_s=_millis(p, "duration_ms"),
+        )
+    ]
 
 
 def _subagent_start(p: Mapping[str, Any], session: str, now: float) -> list[Wire]:
@@ -241,10 +273,25 @@ def _subagent_start(p: Mapping[str, Any], session: str, now: float) -> list[Wire
     child = child_program_id(session, agent_id)
     prompt = _optional_text(p, "prompt")
     return [
-        _event("program.start", now, child, kind, parent_program_id=session, framework=FRAMEWORK,
-               attrs={"agent_id": agent_id, "agent_type": kind}),
-        _event("handoff", now, session, MAIN_AGENT, from_agent=MAIN_AGENT, to_agent=kind, child_program_id=child,
-               messages=[{"role": "user", "content": prompt}] if prompt else None),
+        _event(
+            "program.start",
+            now,
+            child,
+            kind,
+            parent_program_id=session,
+            framework=FRAMEWORK,
+            attrs={"agent_id": agent_id, "agent_type": kind},
+        ),
+        _event(
+            "handoff",
+            now,
+            session,
+            MAIN_AGENT,
+            from_agent=MAIN_AGENT,
+            to_agent=kind,
+            child_program_id=child,
+            messages=[{"role": "user", "content": prompt}] if prompt else None,
+        ),
     ]
 
 
@@ -254,8 +301,15 @@ def _subagent_stop(p: Mapping[str, Any], session: str, now: float) -> list[Wire]
     result = _optional_text(p, "last_assistant_message")
     return [
         _event("program.end", now, child_program_id(session, agent_id), kind, status="ok"),
-        _event("handoff", now, session, kind, from_agent=kind, to_agent=MAIN_AGENT,
-               messages=[{"role": "assistant", "content": result}] if result else None),
+        _event(
+            "handoff",
+            now,
+            session,
+            kind,
+            from_agent=kind,
+            to_agent=MAIN_AGENT,
+            messages=[{"role": "assistant", "content": result}] if result else None,
+        ),
     ]
 
 
@@ -306,9 +360,16 @@ def wire_events(payload: Mapping[str, Any], now: float) -> list[Wire]:
 
 #: Event field -> the payload field it came from, so a refused value is named as the user sent it.
 _SOURCE_FIELD = {
-    "program_id": "session_id", "parent_program_id": "session_id", "child_program_id": "agent_id",
-    "call_id": "tool_use_id", "tool": "tool_name", "signature": "tool_input", "agent": "agent_type",
-    "from_agent": "agent_type", "to_agent": "agent_type", "deadline_s": "tool_input",
+    "program_id": "session_id",
+    "parent_program_id": "session_id",
+    "child_program_id": "agent_id",
+    "call_id": "tool_use_id",
+    "tool": "tool_name",
+    "signature": "tool_input",
+    "agent": "agent_type",
+    "from_agent": "agent_type",
+    "to_agent": "agent_type",
+    "deadline_s": "tool_input",
 }
 
 
@@ -347,11 +408,16 @@ def handle_payload(payload: Mapping[str, Any], now: float | None = None) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``maitred hook claude-code`` (the payload itself comes on stdin)."""
     parser.add_argument("--runtime-url", default=None, help="maitred runtime to send to (default: $MAITRED_URL)")
-    parser.add_argument("--db", default=None, help="store to write to without a runtime, or when it is down "
-                        "(default: $MAITRED_DB; without a runtime, sqlite:///maitred.db)")
+    parser.add_argument(
+        "--db",
+        default=None,
+        help="store to write to without a runtime, or when it is down "
+        "(default: $MAITRED_DB; without a runtime, sqlite:///maitred.db)",
+    )
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the runtime or the store (default 3)")
-    parser.add_argument("--foreground", action="store_true",
-                        help="write to the store before exiting instead of in a detached background process")
+    parser.add_argument(
+        "--foreground", action="store_true", help="write to the store before exiting instead of in a detached background process"
+    )
     # How the hook hands a store write to its detached writer (internal).
     parser.add_argument("--payload-file", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--received-at", type=float, default=None, help=argparse.SUPPRESS)
@@ -386,7 +452,9 @@ def _deliver(args: argparse.Namespace, raw: bytes, now: float) -> None:
     try:
         events = wire_events(payload, now)
     except HookPayloadError as exc:
-        _log(f"hook ignored: malformed {payload.get('hook_event_name', 'hook') if isinstance(payload, dict) else 'hook'} payload: {exc}")
+        _log(
+            f"hook ignored: malformed {payload.get('hook_event_name', 'hook') if isinstance(payload, dict) else 'hook'} payload: {exc}"
+        )
         return
     if not events:
         return
@@ -468,16 +536,31 @@ def _detached(raw: bytes, now: float, db: str | None, timeout: float) -> None:
     fd, path = tempfile.mkstemp(prefix="maitred-hook-", suffix=".json")
     with os.fdopen(fd, "wb") as handed:
         handed.write(raw)
-    argv = [sys.executable, "-m", "maitred.integrations.claude_code", "--payload-file", path,
-            "--received-at", repr(now), "--timeout", str(timeout)]
+    argv = [
+        sys.executable,
+        "-m",
+        "maitred.integrations.claude_code",
+        "--payload-file",
+        path,
+        "--received-at",
+        repr(now),
+        "--timeout",
+        str(timeout),
+    ]
     if db:
         argv += ["--db", db]
     env = {k: v for k, v in os.environ.items() if k != "MAITRED_URL"}  # the writer goes to the store only
     log_path = os.environ.get("MAITRED_HOOK_LOG")
     log = open(log_path, "ab") if log_path else None  # handed to the child, closed below
     try:
-        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=log if log is not None else subprocess.DEVNULL, env=env, start_new_session=True)
+        subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log if log is not None else subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
     except OSError as exc:
         os.unlink(path)
         _log(f"events not stored: the background writer did not start ({exc})")

@@ -45,7 +45,15 @@ from maitred.middleware.config import emit, new_id
 from maitred.middleware.context import scope
 from maitred.middleware.handoff import context_hash
 
-__all__ = ["PROGRAM_HEADER", "MaitredCallbackHandler", "MaitredMiddleware", "graph_agent", "handoff_targets", "program_and_agent", "shared_messages"]
+__all__ = [
+    "PROGRAM_HEADER",
+    "MaitredCallbackHandler",
+    "MaitredMiddleware",
+    "graph_agent",
+    "handoff_targets",
+    "program_and_agent",
+    "shared_messages",
+]
 
 log = logging.getLogger("maitred")
 
@@ -58,7 +66,9 @@ _NOTHING: Mapping[str, Any] = {}
 # -- where a call belongs ---------------------------------------------------------------------
 
 
-def program_and_agent(config: Mapping[str, Any] | None, program_id: str | None = None, agent: str | None = None) -> tuple[str, str | None]:
+def program_and_agent(
+    config: Mapping[str, Any] | None, program_id: str | None = None, agent: str | None = None
+) -> tuple[str, str | None]:
     """(program id, agent) of a run from its ``RunnableConfig`` (metadata, then configurable).
     The enclosing ``maitred.program`` is looked up only when the config and the fallbacks leave
     a gap: this runs on every tool and model call."""
@@ -93,7 +103,11 @@ def shared_messages(value: Any) -> list[dict[str, Any]] | None:
     if isinstance(value, Mapping):
         messages = value.get("messages")
     elif isinstance(value, (list, tuple)):  # an update given as (key, value) pairs
-        messages = next((v for k, v in value if k == "messages"), None) if all(isinstance(p, tuple) and len(p) == 2 for p in value) else None
+        messages = (
+            next((v for k, v in value if k == "messages"), None)
+            if all(isinstance(p, tuple) and len(p) == 2 for p in value)
+            else None
+        )
     else:
         messages = None
     if not messages:
@@ -143,10 +157,17 @@ def _exc_status(exc: BaseException) -> str:
 def _emit_handoffs(program_id: str, agent: str | None, targets: list[tuple[str, list[dict[str, Any]] | None]]) -> None:
     now = time.time()
     for to_agent, messages in targets:
-        emit(Handoff(
-            ts=now, program_id=program_id, agent=agent, from_agent=agent or "main", to_agent=to_agent,
-            messages=messages, context_hash=context_hash(messages) if messages else None,
-        ))
+        emit(
+            Handoff(
+                ts=now,
+                program_id=program_id,
+                agent=agent,
+                from_agent=agent or "main",
+                to_agent=to_agent,
+                messages=messages,
+                context_hash=context_hash(messages) if messages else None,
+            )
+        )
 
 
 def _usage(message: Any) -> tuple[int, int, int | None]:
@@ -198,8 +219,16 @@ def _close_tool(call: _ToolCall | None, *, result: Any = None, failure: BaseExce
         program_id, agent, call_id, started = call
         status = _exc_status(failure) if failure is not None else _tool_status(result)
         now = time.time()
-        emit(ToolEnd(ts=now, program_id=program_id, agent=agent, call_id=call_id, status=status,  # type: ignore[arg-type]
-                     duration_s=now - started))
+        emit(
+            ToolEnd(
+                ts=now,
+                program_id=program_id,
+                agent=agent,
+                call_id=call_id,
+                status=status,  # type: ignore[arg-type]
+                duration_s=now - started,
+            )
+        )
         if isinstance(result, Command):
             targets = handoff_targets(result)
             if targets:
@@ -245,8 +274,18 @@ def _close_model(call: _ModelCall | None, response: Any, status: str = "ok") -> 
                     break
         prompt, completion, cached = _usage(message)
         program_id, agent, request_id = call
-        emit(LLMEnd(ts=time.time(), program_id=program_id, agent=agent, request_id=request_id,
-                    prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached, status=status))  # type: ignore[arg-type]
+        emit(
+            LLMEnd(
+                ts=time.time(),
+                program_id=program_id,
+                agent=agent,
+                request_id=request_id,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                cached_tokens=cached,
+                status=status,  # type: ignore[arg-type]
+            )
+        )
     except Exception:
         log.debug("maitred: llm.end not recorded", exc_info=True)
 
@@ -261,8 +300,14 @@ class MaitredMiddleware(AgentMiddleware):
     ``extra_body`` / ``extra_headers`` keywords (the OpenAI and Anthropic clients take both).
     """
 
-    def __init__(self, *, program_id: str | None = None, agent: str | None = None, record_model_calls: bool = True,
-                 tag_requests: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        program_id: str | None = None,
+        agent: str | None = None,
+        record_model_calls: bool = True,
+        tag_requests: bool = True,
+    ) -> None:
         super().__init__()
         self.program_id = program_id
         self.agent = agent
@@ -271,7 +316,9 @@ class MaitredMiddleware(AgentMiddleware):
         #: The last model seen and its name: an agent asks the same model step after step.
         self._named: tuple[Any, str | None] = (None, None)
 
-    def wrap_tool_call(self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolMessage | Command]) -> ToolMessage | Command:
+    def wrap_tool_call(
+        self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolMessage | Command]
+    ) -> ToolMessage | Command:
         call = _open_tool(request, self.program_id, self.agent)
         try:
             result = handler(request)
@@ -282,7 +329,9 @@ class MaitredMiddleware(AgentMiddleware):
         return result
 
     async def awrap_tool_call(
-        self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command]],
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command]],
     ) -> ToolMessage | Command:
         call = _open_tool(request, self.program_id, self.agent)
         try:
@@ -366,8 +415,9 @@ class MaitredCallbackHandler(BaseCallbackHandler):
 
     # tools
 
-    def on_tool_start(self, serialized: dict[str, Any], input_str: str, *, run_id: UUID,
-                      metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_tool_start(
+        self, serialized: dict[str, Any], input_str: str, *, run_id: UUID, metadata: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
         def record() -> None:
             program_id, agent = self._where(metadata)
             call_id = kwargs.get("tool_call_id") or str(run_id)
@@ -375,6 +425,7 @@ class MaitredCallbackHandler(BaseCallbackHandler):
             now = time.time()
             self._tools[run_id] = (program_id, agent, call_id, now)
             emit(ToolStart(ts=now, program_id=program_id, agent=agent, call_id=call_id, tool=tool))
+
         _guarded("tool.start", record)
 
     def _tool_done(self, run_id: UUID, status: str, output: Any = None) -> None:
@@ -397,14 +448,29 @@ class MaitredCallbackHandler(BaseCallbackHandler):
 
     # model calls
 
-    def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: UUID,
-                            metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_chat_model_start(
+        self,
+        serialized: dict[str, Any],
+        messages: list[list[BaseMessage]],
+        *,
+        run_id: UUID,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         def record() -> None:
             program_id, agent = self._where(metadata)
             self._models[run_id] = (program_id, agent)
             model = (metadata or {}).get("ls_model_name")
-            emit(LLMStart(ts=time.time(), program_id=program_id, agent=agent, request_id=str(run_id),
-                          model=model if isinstance(model, str) else None))
+            emit(
+                LLMStart(
+                    ts=time.time(),
+                    program_id=program_id,
+                    agent=agent,
+                    request_id=str(run_id),
+                    model=model if isinstance(model, str) else None,
+                )
+            )
+
         _guarded("llm.start", record)
 
     def _model_done(self, run_id: UUID, response: LLMResult | None, status: str) -> None:
@@ -416,8 +482,18 @@ class MaitredCallbackHandler(BaseCallbackHandler):
         if response is not None and response.generations and response.generations[0]:
             message = getattr(response.generations[0][0], "message", None)
         prompt, completion, cached = _usage(message)
-        emit(LLMEnd(ts=time.time(), program_id=program_id, agent=agent, request_id=str(run_id), prompt_tokens=prompt,
-                    completion_tokens=completion, cached_tokens=cached, status=status))  # type: ignore[arg-type]
+        emit(
+            LLMEnd(
+                ts=time.time(),
+                program_id=program_id,
+                agent=agent,
+                request_id=str(run_id),
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                cached_tokens=cached,
+                status=status,  # type: ignore[arg-type]
+            )
+        )
 
     def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
         _guarded("llm.end", lambda: self._model_done(run_id, response, "ok"))
@@ -427,8 +503,16 @@ class MaitredCallbackHandler(BaseCallbackHandler):
 
     # agent transitions
 
-    def on_chain_start(self, serialized: dict[str, Any] | None, inputs: Any, *, run_id: UUID,
-                       parent_run_id: UUID | None = None, metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_chain_start(
+        self,
+        serialized: dict[str, Any] | None,
+        inputs: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         _guarded("handoff", lambda: self._entered(run_id, parent_run_id, metadata, inputs))
 
     def _entered(self, run_id: UUID, parent_run_id: UUID | None, metadata: dict[str, Any] | None, inputs: Any) -> None:

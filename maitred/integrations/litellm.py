@@ -73,8 +73,12 @@ def program_id_of(data: Mapping[str, Any]) -> str | None:
     """The program a proxied request belongs to: body ``program_id``, ``metadata.program_id``,
     then the requester's headers (the proxy keeps them under ``metadata.headers``)."""
     metadata = _metadata(data)
-    for value in (data.get("program_id"), metadata.get(_PROGRAM_KEY), metadata.get("program_id"),
-                  (metadata.get("requester_metadata") or {}).get("program_id")):
+    for value in (
+        data.get("program_id"),
+        metadata.get(_PROGRAM_KEY),
+        metadata.get("program_id"),
+        (metadata.get("requester_metadata") or {}).get("program_id"),
+    ):
         if isinstance(value, str) and value:
             return value
     headers = {str(k).lower(): v for k, v in (metadata.get("headers") or {}).items()}
@@ -155,14 +159,19 @@ class MaitredLogger(CustomLogger):
             log.warning("maitred: runtime at %s reachable again", url)
         return normalize_base(worker) if isinstance(worker, str) else None
 
-    async def async_filter_deployments(self, model: str, healthy_deployments: list, messages: Any,
-                                       request_kwargs: dict | None = None, parent_otel_span: Any = None) -> list:
+    async def async_filter_deployments(
+        self,
+        model: str,
+        healthy_deployments: list,
+        messages: Any,
+        request_kwargs: dict | None = None,
+        parent_otel_span: Any = None,
+    ) -> list:
         try:
             worker = _metadata(request_kwargs or {}).get(_WORKER_KEY)
             if not worker:
                 return healthy_deployments
-            chosen = [d for d in healthy_deployments
-                      if normalize_base((d.get("litellm_params") or {}).get("api_base")) == worker]
+            chosen = [d for d in healthy_deployments if normalize_base((d.get("litellm_params") or {}).get("api_base")) == worker]
             return chosen or healthy_deployments
         except Exception:
             log.debug("maitred: deployment filter skipped", exc_info=True)
@@ -199,10 +208,15 @@ def llm_end_of(kwargs: Mapping[str, Any], status: str) -> LLMEnd | None:
     if isinstance(started, (int, float)) and isinstance(first, (int, float)) and first >= started:
         ttft = float(first - started)
     return LLMEnd(
-        ts=time.time(), program_id=program_id, request_id=str(kwargs.get("litellm_call_id") or slo.get("id") or uuid.uuid4()),
-        prompt_tokens=int(slo.get("prompt_tokens") or 0), completion_tokens=int(slo.get("completion_tokens") or 0),
-        cached_tokens=_cached_tokens(usage), worker=normalize_base(slo.get("api_base") or params.get("api_base")),
-        ttft_s=ttft, status=status,  # type: ignore[arg-type]
+        ts=time.time(),
+        program_id=program_id,
+        request_id=str(kwargs.get("litellm_call_id") or slo.get("id") or uuid.uuid4()),
+        prompt_tokens=int(slo.get("prompt_tokens") or 0),
+        completion_tokens=int(slo.get("completion_tokens") or 0),
+        cached_tokens=_cached_tokens(usage),
+        worker=normalize_base(slo.get("api_base") or params.get("api_base")),
+        ttft_s=ttft,
+        status=status,  # type: ignore[arg-type]
     )
 
 

@@ -74,8 +74,11 @@ def _tokens(usage: Any, *names: str) -> int:
 
 
 def _cached(usage: Any) -> int | None:
-    details = (usage.get("input_tokens_details") or usage.get("prompt_tokens_details")) if isinstance(usage, dict) else (
-        getattr(usage, "input_tokens_details", None) or getattr(usage, "prompt_tokens_details", None))
+    details = (
+        (usage.get("input_tokens_details") or usage.get("prompt_tokens_details"))
+        if isinstance(usage, dict)
+        else (getattr(usage, "input_tokens_details", None) or getattr(usage, "prompt_tokens_details", None))
+    )
     if details is None:
         return None
     value = details.get("cached_tokens") if isinstance(details, dict) else getattr(details, "cached_tokens", None)
@@ -155,13 +158,28 @@ class MaitredTracingProcessor(TracingProcessor):
                 return
             if tool.call_id is None:  # hooks attached but not on this run: keep the call anyway
                 self._tool_started(tool, span.span_id)
-            emit(ToolEnd(ts=now, program_id=tool.program_id, agent=tool.agent, call_id=tool.call_id or span.span_id,
-                         status="error" if span.error else "ok", duration_s=now - tool.started))
+            emit(
+                ToolEnd(
+                    ts=now,
+                    program_id=tool.program_id,
+                    agent=tool.agent,
+                    call_id=tool.call_id or span.span_id,
+                    status="error" if span.error else "ok",
+                    duration_s=now - tool.started,
+                )
+            )
         elif isinstance(data, HandoffSpanData):
             program = self._program(span)
             if data.to_agent:
-                emit(Handoff(ts=now, program_id=program, agent=data.from_agent or agent,
-                             from_agent=data.from_agent or agent or "agent", to_agent=data.to_agent))
+                emit(
+                    Handoff(
+                        ts=now,
+                        program_id=program,
+                        agent=data.from_agent or agent,
+                        from_agent=data.from_agent or agent or "agent",
+                        to_agent=data.to_agent,
+                    )
+                )
         elif isinstance(data, (GenerationSpanData, ResponseSpanData)):
             self._model_ended(span, data, now, agent)
 
@@ -173,12 +191,18 @@ class MaitredTracingProcessor(TracingProcessor):
             usage: Any = data.usage or {}
         else:
             usage = getattr(data.response, "usage", None) or data.usage or {}
-        emit(LLMEnd(
-            ts=now, program_id=program, agent=agent, request_id=span.span_id,
-            prompt_tokens=_tokens(usage, "input_tokens", "prompt_tokens"),
-            completion_tokens=_tokens(usage, "output_tokens", "completion_tokens"),
-            cached_tokens=_cached(usage), status="error" if span.error else "ok",
-        ))
+        emit(
+            LLMEnd(
+                ts=now,
+                program_id=program,
+                agent=agent,
+                request_id=span.span_id,
+                prompt_tokens=_tokens(usage, "input_tokens", "prompt_tokens"),
+                completion_tokens=_tokens(usage, "output_tokens", "completion_tokens"),
+                cached_tokens=_cached(usage),
+                status="error" if span.error else "ok",
+            )
+        )
 
     # lifecycle
 
@@ -203,4 +227,5 @@ class MaitredRunHooks(RunHooks):
             span = get_current_span()
             if isinstance(call_id, str) and call_id and span is not None:
                 self.processor.bind(span.span_id, call_id)
+
         _guarded("tool call id", bind)

@@ -9,7 +9,23 @@ from maitred.middleware.sinks import HttpSink, PermanentSinkError, Sink, StoreSi
 from maitred.middleware.tool import ToolCall, tool, tool_call
 
 __all__ = [
-    "Emitter", "EmitterSettings", "EmitterStats", "HttpSink", "PermanentSinkError", "Sink", "StoreSink",
-    "ToolCall", "agent", "configure", "emit", "flush", "handoff", "llm_call", "program", "shutdown",
-    "stats", "tool", "tool_call",
+    "Emitter",
+    "EmitterSettings",
+    "EmitterStats",
+    "HttpSink",
+    "PermanentSinkError",
+    "Sink",
+    "StoreSink",
+    "ToolCall",
+    "agent",
+    "configure",
+    "emit",
+    "flush",
+    "handoff",
+    "llm_call",
+    "program",
+    "shutdown",
+    "stats",
+    "tool",
+    "tool_call",
 ]

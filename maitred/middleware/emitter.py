@@ -169,7 +169,9 @@ class Emitter:
                 return True
         log.warning(
             "maitred: %s took no events for %.0f s (%s); dropping instead of blocking until it delivers again",
-            self.name, self.settings.block_timeout_s, self.last_error or "sink slow or hung",
+            self.name,
+            self.settings.block_timeout_s,
+            self.last_error or "sink slow or hung",
         )
         return False
 
@@ -282,7 +284,9 @@ class Emitter:
             total = self.dropped
         if counts:
             reasons = "; ".join(f"{n} {why}" for why, n in counts.most_common())
-            log.warning("maitred: %s dropped %d events (%s); %d dropped since start", self.name, sum(counts.values()), reasons, total)
+            log.warning(
+                "maitred: %s dropped %d events (%s); %d dropped since start", self.name, sum(counts.values()), reasons, total
+            )
 
     # -- flush and shutdown ----------------------------------------------------------------------
 

@@ -35,11 +35,19 @@ def handoff(
     """Record that the current agent hands control to ``to_agent`` (or to a child program)."""
     try:
         current = scope()
-        emit(Handoff(
-            ts=time.time(), program_id=current.program_id, agent=current.agent,
-            from_agent=from_agent or current.agent or "main", to_agent=to_agent,
-            child_program_id=child_program_id, messages=messages, context_tokens=context_tokens,
-            context_hash=context_hash(messages) if messages else None, expected_prompt=expected_prompt,
-        ))
+        emit(
+            Handoff(
+                ts=time.time(),
+                program_id=current.program_id,
+                agent=current.agent,
+                from_agent=from_agent or current.agent or "main",
+                to_agent=to_agent,
+                child_program_id=child_program_id,
+                messages=messages,
+                context_tokens=context_tokens,
+                context_hash=context_hash(messages) if messages else None,
+                expected_prompt=expected_prompt,
+            )
+        )
     except Exception:
         log.debug("maitred: handoff not recorded", exc_info=True)

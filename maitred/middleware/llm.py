@@ -29,8 +29,13 @@ class llm_call:
         self._scope = scope()
 
     def finish(
-        self, *, prompt_tokens: int | None = None, completion_tokens: int = 0, cached_tokens: int | None = None,
-        worker: str | None = None, ttft_s: float | None = None,
+        self,
+        *,
+        prompt_tokens: int | None = None,
+        completion_tokens: int = 0,
+        cached_tokens: int | None = None,
+        worker: str | None = None,
+        ttft_s: float | None = None,
     ) -> None:
         """Record the usage the model reported; sent when the block exits."""
         if prompt_tokens is not None:
@@ -41,22 +46,36 @@ class llm_call:
     def __enter__(self) -> "llm_call":
         try:
             self._scope = scope()
-            emit(LLMStart(
-                ts=time.time(), program_id=self._scope.program_id, agent=self._scope.agent,
-                request_id=self.request_id, model=self.model, prompt_tokens=self.prompt_tokens or None,
-            ))
+            emit(
+                LLMStart(
+                    ts=time.time(),
+                    program_id=self._scope.program_id,
+                    agent=self._scope.agent,
+                    request_id=self.request_id,
+                    model=self.model,
+                    prompt_tokens=self.prompt_tokens or None,
+                )
+            )
         except Exception:
             log.debug("maitred: llm.start not recorded", exc_info=True)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         try:
-            emit(LLMEnd(
-                ts=time.time(), program_id=self._scope.program_id, agent=self._scope.agent,
-                request_id=self.request_id, prompt_tokens=self.prompt_tokens,
-                completion_tokens=self.completion_tokens, cached_tokens=self.cached_tokens,
-                worker=self.worker, ttft_s=self.ttft_s, status="ok" if exc is None else "error",
-            ))
+            emit(
+                LLMEnd(
+                    ts=time.time(),
+                    program_id=self._scope.program_id,
+                    agent=self._scope.agent,
+                    request_id=self.request_id,
+                    prompt_tokens=self.prompt_tokens,
+                    completion_tokens=self.completion_tokens,
+                    cached_tokens=self.cached_tokens,
+                    worker=self.worker,
+                    ttft_s=self.ttft_s,
+                    status="ok" if exc is None else "error",
+                )
+            )
         except Exception:
             log.debug("maitred: llm.end not recorded", exc_info=True)
 

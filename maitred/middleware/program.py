@@ -42,10 +42,16 @@ class program:
         parent = self.parent_program_id
         if parent is None and outer is not None and outer.program_id != self.program_id:
             parent = outer.program_id
-        emit(ProgramStart(
-            ts=time.time(), program_id=self.program_id, agent=self.agent,
-            parent_program_id=parent, framework=self.framework, attrs=self.attrs,
-        ))
+        emit(
+            ProgramStart(
+                ts=time.time(),
+                program_id=self.program_id,
+                agent=self.agent,
+                parent_program_id=parent,
+                framework=self.framework,
+                attrs=self.attrs,
+            )
+        )
         self._token = current_scope.set(Scope(self.program_id, self.agent))
         return self
 

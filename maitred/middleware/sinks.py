@@ -107,7 +107,9 @@ class StoreSink:
         if self._store is None:
             try:
                 self._store = SessionStore(
-                    self.db_url, connect_timeout_s=self.connect_timeout_s, write_timeout_s=self.write_timeout_s,
+                    self.db_url,
+                    connect_timeout_s=self.connect_timeout_s,
+                    write_timeout_s=self.write_timeout_s,
                 )
             except (DatabaseTooNew, DatabaseCorrupt) as exc:
                 raise self._unusable_now(exc) from None
@@ -149,7 +151,12 @@ class HttpSink:
     forked child should pay on the caller's thread."""
 
     def __init__(
-        self, runtime_url: str, *, token: str | None = None, timeout_s: float = 5.0, max_events_per_request: int = 1_000,
+        self,
+        runtime_url: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = 5.0,
+        max_events_per_request: int = 1_000,
     ) -> None:
         self.url = runtime_url.rstrip("/") + "/v1/events"
         self.max_events_per_request = max_events_per_request
@@ -165,15 +172,16 @@ class HttpSink:
         so nothing is stored twice."""
         valid = valid_events(events, self._refusals)
         step = self.max_events_per_request
-        return len(events) - len(valid) + sum(self._post(valid[i:i + step]) for i in range(0, len(valid), step))
+        return len(events) - len(valid) + sum(self._post(valid[i : i + step]) for i in range(0, len(valid), step))
 
     def _post(self, events: Sequence[Event]) -> int:
         if self._client is None:
             self._client = httpx.Client(headers=self.headers, timeout=self.timeout_s)
         response = self._client.post(self.url, content=dumps_batch(events))
         if response.status_code in (400, 413, 422):
-            self._refusals.warning("maitred: %s refused %d events: %s %s", self.url, len(events), response.status_code,
-                                   response.text[:300])
+            self._refusals.warning(
+                "maitred: %s refused %d events: %s %s", self.url, len(events), response.status_code, response.text[:300]
+            )
             return len(events)
         response.raise_for_status()
         try:

@@ -75,26 +75,46 @@ class ToolCall:
         self.program_id = current.program_id
         self.agent = current.agent
         self.started = time.time()
-        emit(ToolStart(
-            ts=self.started, program_id=self.program_id, agent=self.agent, call_id=self.call_id,
-            tool=tool, signature=signature, deadline_s=deadline_s, background=background,
-        ))
+        emit(
+            ToolStart(
+                ts=self.started,
+                program_id=self.program_id,
+                agent=self.agent,
+                call_id=self.call_id,
+                tool=tool,
+                signature=signature,
+                deadline_s=deadline_s,
+                background=background,
+            )
+        )
 
     def progress(self, fraction: float | None = None, eta_s: float | None = None) -> None:
         try:
-            emit(ToolProgress(
-                ts=time.time(), program_id=self.program_id, agent=self.agent,
-                call_id=self.call_id, fraction=fraction, eta_s=eta_s,
-            ))
+            emit(
+                ToolProgress(
+                    ts=time.time(),
+                    program_id=self.program_id,
+                    agent=self.agent,
+                    call_id=self.call_id,
+                    fraction=fraction,
+                    eta_s=eta_s,
+                )
+            )
         except Exception:
             log.debug("maitred: progress not recorded", exc_info=True)
 
     def end(self, status: Status = "ok") -> None:
         now = time.time()
-        emit(ToolEnd(
-            ts=now, program_id=self.program_id, agent=self.agent, call_id=self.call_id,
-            status=status, duration_s=now - self.started,
-        ))
+        emit(
+            ToolEnd(
+                ts=now,
+                program_id=self.program_id,
+                agent=self.agent,
+                call_id=self.call_id,
+                status=status,
+                duration_s=now - self.started,
+            )
+        )
 
 
 def _open(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolCall | None:
@@ -116,6 +136,7 @@ def _close(call: ToolCall | None, status: Status) -> None:
 
 def _wrap(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
     if inspect.isasyncgenfunction(fn):
+
         @functools.wraps(fn)
         async def agen_wrapper(*args: Any, **kwargs: Any) -> Any:
             call = _open(spec, args, kwargs)
@@ -143,9 +164,11 @@ def _wrap(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
                 if status != "ok":
                     await inner.aclose()
                 _close(call, status)
+
         return agen_wrapper
 
     if inspect.isgeneratorfunction(fn):
+
         @functools.wraps(fn)
         def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
             call = _open(spec, args, kwargs)
@@ -156,9 +179,11 @@ def _wrap(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
                 raise
             _close(call, "ok")
             return result
+
         return gen_wrapper
 
     if inspect.iscoroutinefunction(fn):
+
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
             call = _open(spec, args, kwargs)
@@ -169,6 +194,7 @@ def _wrap(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
                 raise
             _close(call, "ok")
             return result
+
         return async_wrapper
 
     @functools.wraps(fn)
@@ -181,12 +207,18 @@ def _wrap(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
             raise
         _close(call, "ok")
         return result
+
     return wrapper
 
 
 def _spec(
-    fn: Callable[..., Any], name: str | None, timeout: float | None, signature: str | None,
-    background: bool, deadline_arg: str | None, deadline_unit: str,
+    fn: Callable[..., Any],
+    name: str | None,
+    timeout: float | None,
+    signature: str | None,
+    background: bool,
+    deadline_arg: str | None,
+    deadline_unit: str,
 ) -> _Spec:
     if deadline_unit not in _UNITS:
         raise ValueError(f"deadline_unit must be one of {sorted(_UNITS)}, got {deadline_unit!r}")
@@ -202,8 +234,13 @@ def _spec(
             position = list(params).index(deadline_arg)
         default = None if param.default is param.empty else param.default
     return _Spec(
-        name=name or fn.__name__, timeout=timeout, signature=signature, background=background,
-        deadline_arg=deadline_arg, deadline_pos=position, deadline_default=default,
+        name=name or fn.__name__,
+        timeout=timeout,
+        signature=signature,
+        background=background,
+        deadline_arg=deadline_arg,
+        deadline_pos=position,
+        deadline_default=default,
         deadline_scale=_UNITS[deadline_unit],
     )
 
@@ -212,12 +249,23 @@ def _spec(
 def tool(fn: F, /) -> F: ...
 @overload
 def tool(
-    *, name: str | None = None, timeout: float | None = None, signature: str | None = None,
-    background: bool = False, deadline_arg: str | None = None, deadline_unit: str = "s",
+    *,
+    name: str | None = None,
+    timeout: float | None = None,
+    signature: str | None = None,
+    background: bool = False,
+    deadline_arg: str | None = None,
+    deadline_unit: str = "s",
 ) -> Callable[[F], F]: ...
 def tool(
-    fn: Callable[..., Any] | None = None, /, *, name: str | None = None, timeout: float | None = None,
-    signature: str | None = None, background: bool = False, deadline_arg: str | None = None,
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    timeout: float | None = None,
+    signature: str | None = None,
+    background: bool = False,
+    deadline_arg: str | None = None,
     deadline_unit: str = "s",
 ) -> Any:
     """Record each call of a tool function as ``tool.start`` / ``tool.end``.
@@ -226,6 +274,7 @@ def tool(
     each call (Claude Code's ``bash(command, timeout=120000)``), ``deadline_arg="timeout",
     deadline_unit="ms"`` reads it from the call, falling back to ``timeout``.
     """
+
     def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
         return _wrap(f, _spec(f, name, timeout, signature, background, deadline_arg, deadline_unit))
 
@@ -238,7 +287,9 @@ class tool_call:
     Works with ``with`` and ``async with``; ``c.progress(fraction=..., eta_s=...)`` reports progress.
     """
 
-    def __init__(self, name: str, *, timeout: float | None = None, signature: str | None = None, background: bool = False) -> None:
+    def __init__(
+        self, name: str, *, timeout: float | None = None, signature: str | None = None, background: bool = False
+    ) -> None:
         if timeout is not None and timeout <= 0:
             raise ValueError(f"timeout must be positive seconds, got {timeout!r}")
         self.name, self.timeout, self.signature, self.background = name, timeout, signature, background

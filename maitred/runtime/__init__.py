@@ -7,6 +7,19 @@ from maitred.runtime.scheduler import Scheduler
 from maitred.runtime.state import RuntimeState, View
 
 __all__ = [
-    "POLICIES", "Assignment", "Decision", "OpenTool", "Phase", "ProgramState", "RuntimeState", "Scheduler",
-    "SignalConfig", "Tier", "TierMove", "View", "Warmup", "WorkerState", "make_policy",
+    "POLICIES",
+    "Assignment",
+    "Decision",
+    "OpenTool",
+    "Phase",
+    "ProgramState",
+    "RuntimeState",
+    "Scheduler",
+    "SignalConfig",
+    "Tier",
+    "TierMove",
+    "View",
+    "Warmup",
+    "WorkerState",
+    "make_policy",
 ]

@@ -47,16 +47,19 @@ JOURNAL_LIMIT = 100_000
 class CoreConfig:
     """What a driver may override of the policy's cadence, and the optional behaviours."""
 
-    period_s: float | None = None     # None: the policy's
-    hold_s: float | None = None       # None: the policy's
-    priorities: bool = True           # encode SGLang request priorities (--radix-eviction-policy priority)
+    period_s: float | None = None  # None: the policy's
+    hold_s: float | None = None  # None: the policy's
+    priorities: bool = True  # encode SGLang request priorities (--radix-eviction-policy priority)
     priority_epoch_s: float = 10.0
     warmups: bool = True
-    journal: bool = False             # record every admission, placement and tier move
+    journal: bool = False  # record every admission, placement and tier move
 
     def cadence(self, policy: Cadence) -> Cadence:
-        return Cadence(period_s=self.period_s if self.period_s is not None else policy.period_s,
-                       hold_s=self.hold_s if self.hold_s is not None else policy.hold_s, urgent_s=policy.urgent_s)
+        return Cadence(
+            period_s=self.period_s if self.period_s is not None else policy.period_s,
+            hold_s=self.hold_s if self.hold_s is not None else policy.hold_s,
+            urgent_s=policy.urgent_s,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +101,9 @@ class StepResult:
 
 
 class RuntimeCore:
-    def __init__(self, state: RuntimeState, policy: Policy | str = "maitred", cfg: CoreConfig | None = None, *,
-                 started_at: float = 0.0) -> None:
+    def __init__(
+        self, state: RuntimeState, policy: Policy | str = "maitred", cfg: CoreConfig | None = None, *, started_at: float = 0.0
+    ) -> None:
         self.state = state
         self.cfg = cfg or CoreConfig()
         self.scheduler = Scheduler(state, policy)
@@ -112,18 +116,27 @@ class RuntimeCore:
         self.held: dict[str, float] = {}
         self.withheld: frozenset[str] = frozenset()
         self.priorities: Mapping[str, int] = {}
-        self.ratchet: dict[str, dict[str, int]] = {}   # program -> worker -> highest priority sent
+        self.ratchet: dict[str, dict[str, int]] = {}  # program -> worker -> highest priority sent
         self.journal: deque[Entry] = deque(maxlen=JOURNAL_LIMIT)
         self.forced = 0
         self.prompts = state.prompts  # which warmups the driver can send (the policy reads it in its view)
 
     # -- requests -------------------------------------------------------------------------------
 
-    def arrive(self, program_id: str, now: float, *, agent: str | None = None, model: str | None = None,
-               prompt_tokens: int | None = None, request_id: str = "gateway") -> Arrival:
+    def arrive(
+        self,
+        program_id: str,
+        now: float,
+        *,
+        agent: str | None = None,
+        model: str | None = None,
+        prompt_tokens: int | None = None,
+        request_id: str = "gateway",
+    ) -> Arrival:
         """A model request of ``program_id`` arrived: admit it now, or hold it."""
-        event = LLMStart(ts=now, program_id=program_id, agent=agent, request_id=request_id, model=model,
-                         prompt_tokens=prompt_tokens)
+        event = LLMStart(
+            ts=now, program_id=program_id, agent=agent, request_id=request_id, model=model, prompt_tokens=prompt_tokens
+        )
         self.state.apply(event)
         self.prompts.handoff.discard(program_id)  # the consumer asked: its warmup is moot
         worker, decision = self.admissible(program_id), None
@@ -193,8 +206,14 @@ class RuntimeCore:
         p = self.state.programs.get(program_id)
         if p is None or p.phase is not Phase.REASONING:
             return None
-        event = LLMEnd(ts=max(now, p.phase_since), program_id=program_id, request_id=request_id,
-                       prompt_tokens=p.context_tokens, completion_tokens=0, status="cancelled")
+        event = LLMEnd(
+            ts=max(now, p.phase_since),
+            program_id=program_id,
+            request_id=request_id,
+            prompt_tokens=p.context_tokens,
+            completion_tokens=0,
+            status="cancelled",
+        )
         self.state.apply(event)
         return event
 

@@ -33,7 +33,7 @@ class Assignment:
 
     program_id: str
     worker: str
-    reason: str            # new, waiting, returning, failover
+    reason: str  # new, waiting, returning, failover
     signature: Signature
 
 
@@ -55,12 +55,12 @@ class Decision:
     policy: str
     tier_moves: tuple[TierMove, ...] = ()
     assignments: tuple[Assignment, ...] = ()
-    admitted: frozenset[str] = frozenset()   # programs whose requests may run now
-    held: frozenset[str] = frozenset()       # programs that want the GPU but must wait
+    admitted: frozenset[str] = frozenset()  # programs whose requests may run now
+    held: frozenset[str] = frozenset()  # programs that want the GPU but must wait
     #: GPU-tier programs whose next request waits for a step all the same (ThunderAgent's
     #: marked programs: paused when their running request ends)
     withheld: frozenset[str] = frozenset()
     warmups: tuple[Warmup, ...] = ()
     priorities: Mapping[str, int] = field(default_factory=dict)  # SGLang request priority (higher = keep)
-    dp_fallback: bool | None = None          # placement fell back to BFD (None: no DP this step)
+    dp_fallback: bool | None = None  # placement fell back to BFD (None: no DP this step)
     tier_tokens: Mapping[str, int] = field(default_factory=dict)  # GPU-tier size planned per worker (default: its GPU)

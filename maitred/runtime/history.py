@@ -91,8 +91,11 @@ class DurationStats:
         if self._sorted is None:
             ordered = np.sort(np.fromiter(self.recent, dtype=float))
             # Suffix sums (ordered[i:].sum()) of values and squares; index len is the empty suffix.
-            self._sorted = _Suffixes(ordered.tolist(), np.append(np.cumsum(ordered[::-1])[::-1], 0.0),
-                                     np.append(np.cumsum((ordered**2)[::-1])[::-1], 0.0))
+            self._sorted = _Suffixes(
+                ordered.tolist(),
+                np.append(np.cumsum(ordered[::-1])[::-1], 0.0),
+                np.append(np.cumsum((ordered**2)[::-1])[::-1], 0.0),
+            )
         table = self._sorted
         i = bisect.bisect_right(table.ordered, elapsed)
         if i not in table.moments:
@@ -116,8 +119,9 @@ class _Suffixes:
         if n == 0:
             return None
         mean = self.sums[i] / n
-        return DurationStats(n=n, mean=float(mean), m2=float(max(self.squares[i] - n * mean * mean, 0.0)),
-                             lo=self.ordered[i], hi=self.ordered[-1])
+        return DurationStats(
+            n=n, mean=float(mean), m2=float(max(self.squares[i] - n * mean * mean, 0.0)), lo=self.ordered[i], hi=self.ordered[-1]
+        )
 
 
 @dataclass(frozen=True, slots=True)

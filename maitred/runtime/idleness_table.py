@@ -66,7 +66,7 @@ class IdlenessTable:
         closed = [x for cycle in islice(reversed(p.cycles), self.cycles - 1) for x in cycle]
         row = self._rows[slot]
         row[:_CYCLES] = (p.open_reason_s, p.open_act_s, p.phase_since, p.phase is Phase.REASONING, len(closed) // 2)
-        row[_CYCLES:_CYCLES + len(closed)] = closed
+        row[_CYCLES : _CYCLES + len(closed)] = closed
 
     def drop(self, program_id: str) -> None:
         slot = self._slots.pop(program_id, None)
@@ -75,7 +75,7 @@ class IdlenessTable:
 
     def inputs(self) -> IdlenessInputs:
         """A copy for a step in another thread (later ``put``\\ s do not reach it)."""
-        return IdlenessInputs(dict(self._slots), self._rows[:self._end].copy(), self.cycles)
+        return IdlenessInputs(dict(self._slots), self._rows[: self._end].copy(), self.cycles)
 
     def _take(self) -> int:
         if self._end == len(self._rows):

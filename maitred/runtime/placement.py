@@ -50,8 +50,11 @@ def solve_dp(items: list[Item], capacities: list[int], *, quanta: int, state_bud
     quantum = max(1, math.ceil(max(capacities) / quanta)) if max(capacities) > 0 else 1
     cap = np.array([max(c, 0) // quantum for c in capacities], dtype=np.int64)
     radix = np.cumprod(np.concatenate(([1], cap[:-1] + 1))).astype(np.int64)
-    width = len(next(v for item in items for v in item.values if v is not None)) if any(
-        v is not None for item in items for v in item.values) else 1
+    width = (
+        len(next(v for item in items for v in item.values if v is not None))
+        if any(v is not None for item in items for v in item.values)
+        else 1
+    )
     used = np.zeros((1, m), dtype=np.int64)
     value = np.zeros((1, width), dtype=np.int64)
     layers: list[tuple[np.ndarray, np.ndarray]] = []
@@ -112,7 +115,9 @@ def plan_items(items: list[Item], capacities: list[int], quanta: int, state_budg
     """The exact DP over as many of the most valuable candidates as the state budget can
     guarantee to hold (the product of their choices bounds the states), then BFD for the rest
     in what capacity is left. Returns the plan and whether any candidate was left to BFD."""
-    order = sorted(range(len(items)), key=lambda j: max((v for v in items[j].values if v is not None), default=(-1,)), reverse=True)
+    order = sorted(
+        range(len(items)), key=lambda j: max((v for v in items[j].values if v is not None), default=(-1,)), reverse=True
+    )
     head, layer, spent = [], 1, 0
     for j in order:
         choices = 1 + sum(v is not None for v in items[j].values)
@@ -175,7 +180,8 @@ def place(view: View, candidates: list[ProgramState], free: dict[str, int], *, r
         # cache, readiness and tokens, prefer emptier workers (spread the load).
         values = tuple(
             (cache_credit(p, w, view.now, cfg.credit_half_life_s, versions), r, p.context_tokens, cap // 1024)
-            if weight <= cap else None
+            if weight <= cap
+            else None
             for w, cap in zip(worker_ids, capacities)
         )
         items.append(Item(p.program_id, weight, values))
@@ -190,8 +196,9 @@ def place(view: View, candidates: list[ProgramState], free: dict[str, int], *, r
     return Placement(assignments, fallback)
 
 
-def applicable_prefix(assignments: tuple[Assignment, ...], view: View, free: dict[str, int],
-                      moved: Mapping[str, Tier] | None = None) -> tuple[Assignment, ...]:
+def applicable_prefix(
+    assignments: tuple[Assignment, ...], view: View, free: dict[str, int], moved: Mapping[str, Tier] | None = None
+) -> tuple[Assignment, ...]:
     """TAO's re-check before applying a plan computed on an older snapshot: walk the plan in
     order and stop at the first step whose program changed (signature), left, became
     ineligible, or no longer fits its worker's live free tokens. ``moved``: the tier the plan's
@@ -215,7 +222,9 @@ def applicable_prefix(assignments: tuple[Assignment, ...], view: View, free: dic
     return tuple(out)
 
 
-def candidates_for_placement(view: View, tiers: dict[str, Tier], free: dict[str, int]) -> tuple[list[ProgramState], dict[str, str]]:
+def candidates_for_placement(
+    view: View, tiers: dict[str, Tier], free: dict[str, int]
+) -> tuple[list[ProgramState], dict[str, str]]:
     """TAO's waiting pool: new programs, dropped (waiting) programs and returning host-tier
     programs that no longer fit at home — each only when it wants the GPU (asked last: it may
     predict a tool's end, which most programs, at home in the GPU tier, never need)."""

@@ -34,7 +34,11 @@ def propose(view: View, assignments: tuple[Assignment, ...]) -> list[Warmup]:
         tokens = prefix + h.context_tokens
         # Cache under another agent's prompt prefix is not a prefix of the consumer's prompt.
         same_prefix = consumer is not None and consumer.agent == h.to_agent
-        have = cache_credit(consumer, worker, view.now, cfg.credit_half_life_s, versions) if consumer is not None and same_prefix else 0
+        have = (
+            cache_credit(consumer, worker, view.now, cfg.credit_half_life_s, versions)
+            if consumer is not None and same_prefix
+            else 0
+        )
         missing = tokens - have
         confidence = 1.0 if h.expected_prompt_tokens is not None else 0.5
         priority = preprefill_priority(missing, consumers=h.consumers, confidence=confidence, heat=1.0, cfg=cfg)
@@ -55,8 +59,9 @@ def propose(view: View, assignments: tuple[Assignment, ...]) -> list[Warmup]:
     return proposals
 
 
-def choose_warmups(view: View, proposals: list[Warmup], gpu_free: dict[str, int],
-          tiers: Mapping[str, Tier] | None = None) -> tuple[Warmup, ...]:
+def choose_warmups(
+    view: View, proposals: list[Warmup], gpu_free: dict[str, int], tiers: Mapping[str, Tier] | None = None
+) -> tuple[Warmup, ...]:
     """``tiers``: every program's tier once the step's own moves and placements are made (a
     program the step demotes holds no room for its consumer); default: the view's."""
     cfg = view.cfg

@@ -14,8 +14,8 @@ from enum import StrEnum
 class Phase(StrEnum):
     """What the program is doing (not what the scheduler did to it)."""
 
-    REASONING = "reasoning"        # a model call is running or queued: the program wants the GPU
-    ACTING = "acting"              # between model calls: a tool runs, or the client is busy
+    REASONING = "reasoning"  # a model call is running or queued: the program wants the GPU
+    ACTING = "acting"  # between model calls: a tool runs, or the client is busy
     WAITING_HUMAN = "waiting_human"  # blocked on a person (Claude Code Stop ... UserPromptSubmit)
 
 
@@ -38,9 +38,9 @@ class OpenTool:
     signature: str | None
     started: float
     deadline_s: float | None = None
-    eta_s: float | None = None           # seconds left, as of ``eta_at`` (tool.progress)
+    eta_s: float | None = None  # seconds left, as of ``eta_at`` (tool.progress)
     eta_at: float | None = None
-    ended_at: float | None = None        # completion observed
+    ended_at: float | None = None  # completion observed
 
 
 @dataclass(slots=True)
@@ -57,7 +57,7 @@ class ProgramState:
     phase: Phase = Phase.REASONING
     phase_since: float = 0.0
     tool: OpenTool | None = None
-    returned: bool = False               # a tool (or a human) finished; the next request is imminent
+    returned: bool = False  # a tool (or a human) finished; the next request is imminent
     context_tokens: int = 0
     model: str | None = None
     adapter: str | None = None
@@ -65,7 +65,7 @@ class ProgramState:
     home_worker: str | None = None
     tier: Tier = Tier.WAITING
     lazy_demote: bool = False
-    lazy_since: float = 0.0              # the start of the step a lazy demotion waits for (ThunderAgent's mark)
+    lazy_since: float = 0.0  # the start of the step a lazy demotion waits for (ThunderAgent's mark)
     residency: dict[CacheKey, Residency] = field(default_factory=dict)
     # Idleness history: completed (reasoning_s, acting_s) cycles, newest last, plus the open cycle.
     cycles: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=16))
@@ -82,9 +82,9 @@ class WorkerState:
     worker_id: str
     gpu_tokens: int
     cpu_tokens: int = 0
-    write_back: bool = False     # HiCache ``--hicache-write-policy write_back``: host memory adds to the GPU's
+    write_back: bool = False  # HiCache ``--hicache-write-policy write_back``: host memory adds to the GPU's
     healthy: bool = True
-    queued_requests: int = 0     # foreground requests waiting in the engine (SGLang /v1/loads)
+    queued_requests: int = 0  # foreground requests waiting in the engine (SGLang /v1/loads)
     used_tokens: int | None = None  # engine-reported KV use, when known
     warmups_in_flight: int = 0
 
@@ -116,7 +116,7 @@ class Prompts:
 class PendingHandoff:
     """A handoff whose consumer has not made its first request yet (a pre-prefill opportunity)."""
 
-    program_id: str               # where the consumer runs (the child program, or the same one)
+    program_id: str  # where the consumer runs (the child program, or the same one)
     to_agent: str
     context_tokens: int
     ts: float
@@ -128,22 +128,22 @@ class PendingHandoff:
 class SignalConfig:
     """Every parameter of the signals and policies, with the papers' defaults."""
 
-    idleness_cycles: int = 5          # MORI: K reason/act cycles, including the open one
-    horizon_s: float = 1.0            # TAO: r = 1 when the predicted return is within H
-    period_s: float = 1.0             # scheduling period (also the probe length)
-    default_tool_s: float = 5.0       # TAO: no history at all
-    min_history: int = 5              # TAO: per-tool history needs n >= 5
-    stale_after_s: float = 30.0       # TAO: an ETA not refreshed for this long gives r = 0
-    confidence: float = 0.9           # one-sided level of the finite-sample upper bound
+    idleness_cycles: int = 5  # MORI: K reason/act cycles, including the open one
+    horizon_s: float = 1.0  # TAO: r = 1 when the predicted return is within H
+    period_s: float = 1.0  # scheduling period (also the probe length)
+    default_tool_s: float = 5.0  # TAO: no history at all
+    min_history: int = 5  # TAO: per-tool history needs n >= 5
+    stale_after_s: float = 30.0  # TAO: an ETA not refreshed for this long gives r = 0
+    confidence: float = 0.9  # one-sided level of the finite-sample upper bound
     credit_half_life_s: float = 10.0  # TAO: cache credit half-life
-    reserve_tokens: int = 512         # TAO: admission reserve per program
-    dp_quanta: int = 64               # capacity quanta per worker in the DP
-    dp_state_budget: int = 20_000     # DP states (all layers) before falling back to BFD
+    reserve_tokens: int = 512  # TAO: admission reserve per program
+    dp_quanta: int = 64  # capacity quanta per worker in the DP
+    dp_state_budget: int = 20_000  # DP states (all layers) before falling back to BFD
     warmup_reserve_tokens: int = 4096  # free KV a worker must keep beyond a warmup
-    max_warmups_in_flight: int = 2    # per worker
-    preprefill_beta: float = 0.5      # LOCAL: consumer-count weight
+    max_warmups_in_flight: int = 2  # per worker
+    preprefill_beta: float = 0.5  # LOCAL: consumer-count weight
     preprefill_cap_tokens: int = 8192  # LOCAL: M, the cap on missing tokens in D
-    busy_margin: float = 0.9          # maitred: share of GPU KV the expected busy set may fill
+    busy_margin: float = 0.9  # maitred: share of GPU KV the expected busy set may fill
     overcommit_headroom: float = 0.4  # maitred: admitted KV beyond what GPU and host can keep, × GPU
 
     def __post_init__(self) -> None:

@@ -34,7 +34,7 @@ class Scheduler:
         self.failures = 0
         self.dp_fallbacks = 0
         self.dp_steps = 0
-        self.voided = 0   # planned assignments dropped by the re-check
+        self.voided = 0  # planned assignments dropped by the re-check
 
     def tick(self, now: float) -> Decision:
         decision = self.plan(self.state.view(now))
@@ -68,17 +68,25 @@ class Scheduler:
         live = self.state.programs
         moves = tuple(m for m in decision.tier_moves if _still_valid(m, self.state))
         self.state.apply_decision(replace(decision, tier_moves=moves, assignments=()))
-        now_view = View(now=planned.now, programs=live, workers=self.state.workers, signals={},
-                        adapter_versions=self.state.adapter_versions, handoffs=(),
-                        agent_prefix_tokens=self.state.agent_prefix_tokens, cfg=self.state.cfg,
-                        totals=self.state.totals(), tier_tokens=self.state.tier_tokens,
-                        assignments_made=self.state.assignments_made, prompts=self.state.prompts)
+        now_view = View(
+            now=planned.now,
+            programs=live,
+            workers=self.state.workers,
+            signals={},
+            adapter_versions=self.state.adapter_versions,
+            handoffs=(),
+            agent_prefix_tokens=self.state.agent_prefix_tokens,
+            cfg=self.state.cfg,
+            totals=self.state.totals(),
+            tier_tokens=self.state.tier_tokens,
+            assignments_made=self.state.assignments_made,
+            prompts=self.state.prompts,
+        )
         assignments: tuple[Assignment, ...] = ()
         if decision.assignments:
             free = planned_free if planned_free is not None else free_after(decision, planned)
             moved = {m.program_id: m.dst for m in moves if not m.lazy}
-            assignments = applicable_prefix(decision.assignments, now_view, _budgets(decision, planned, free, self.state),
-                                            moved)
+            assignments = applicable_prefix(decision.assignments, now_view, _budgets(decision, planned, free, self.state), moved)
         self.voided += len(decision.assignments) - len(assignments)
         self.state.apply_decision(replace(decision, tier_moves=(), assignments=assignments))
         healthy = {w for w, s in self.state.workers.items() if s.healthy}
@@ -86,8 +94,9 @@ class Scheduler:
         kept = {a.program_id for a in assignments}
         dropped = {a.program_id for a in decision.assignments} - kept
         admitted = frozenset(live.keys() & (decision.admitted - dropped))  # in C: a step may admit 10,000
-        return replace(decision, tier_moves=moves, assignments=assignments, warmups=warmups, admitted=admitted,
-                       held=decision.held | dropped)
+        return replace(
+            decision, tier_moves=moves, assignments=assignments, warmups=warmups, admitted=admitted, held=decision.held | dropped
+        )
 
 
 def _still_valid(move: TierMove, state: RuntimeState) -> bool:
@@ -120,5 +129,6 @@ def _budgets(decision: Decision, planned: View, planned_free: dict[str, int], st
     used = state.gpu_used()
     return {
         w: (UNBUDGETED if asked.get(w, 0) > planned_free.get(w, 0) else decision.tier_tokens.get(w, s.gpu_tokens) - used[w])
-        for w, s in state.workers.items() if s.healthy
+        for w, s in state.workers.items()
+        if s.healthy
     }

@@ -39,13 +39,15 @@ def idleness(p: ProgramState, now: float, cycles: int) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Readiness:
-    r: int                       # 1: the program will want the GPU within the horizon
+    r: int  # 1: the program will want the GPU within the horizon
     predicted_end: float | None  # the tool's predicted end, when a tool is open
-    source: str                  # observed, reasoning, client, human, eta, signature, tool, global, default, stale, overdue
-    probing: bool = False        # past the prediction without completion: the one-period probe
+    source: str  # observed, reasoning, client, human, eta, signature, tool, global, default, stale, overdue
+    probing: bool = False  # past the prediction without completion: the one-period probe
 
 
-def predict_end(tool: OpenTool, history: ToolHistory, now: float, cfg: SignalConfig, *, use_signature: bool = True) -> tuple[float | None, str, bool]:
+def predict_end(
+    tool: OpenTool, history: ToolHistory, now: float, cfg: SignalConfig, *, use_signature: bool = True
+) -> tuple[float | None, str, bool]:
     """Predicted end of an open tool call: (end, source, probing); end None once it is overdue.
 
     Order: a fresh explicit ETA, else history (signature, tool, global with n ≥ min_history),

@@ -116,8 +116,14 @@ def program_signals(p: ProgramState, history: ToolHistory, now: float, cfg: Sign
     return ProgramSignals(idleness(p, now, cfg.idleness_cycles), p, _predictor(history, now, cfg, use_signature))
 
 
-def compute_signals(programs: Mapping[str, ProgramState], history: ToolHistory, now: float, cfg: SignalConfig,
-                    use_signature: bool, table: IdlenessInputs | None = None) -> dict[str, ProgramSignals]:
+def compute_signals(
+    programs: Mapping[str, ProgramState],
+    history: ToolHistory,
+    now: float,
+    cfg: SignalConfig,
+    use_signature: bool,
+    table: IdlenessInputs | None = None,
+) -> dict[str, ProgramSignals]:
     """``table``: the programs' idleness inputs (a snapshot's), for idleness all at once."""
     predict = _predictor(history, now, cfg, use_signature)
     if table is None:
@@ -132,8 +138,9 @@ class LazySignals(Mapping[str, ProgramSignals]):
     gateway's event loop (a new program's first request), which must not pay for every
     program's readiness."""
 
-    def __init__(self, programs: Mapping[str, ProgramState], history: ToolHistory, now: float, cfg: SignalConfig,
-                 use_signature: bool) -> None:
+    def __init__(
+        self, programs: Mapping[str, ProgramState], history: ToolHistory, now: float, cfg: SignalConfig, use_signature: bool
+    ) -> None:
         self._programs, self._history, self._now, self._cfg, self._use_signature = programs, history, now, cfg, use_signature
         self._done: dict[str, ProgramSignals] = {}
 
@@ -141,7 +148,8 @@ class LazySignals(Mapping[str, ProgramSignals]):
         signals = self._done.get(program_id)
         if signals is None:
             signals = self._done[program_id] = program_signals(
-                self._programs[program_id], self._history, self._now, self._cfg, self._use_signature)
+                self._programs[program_id], self._history, self._now, self._cfg, self._use_signature
+            )
         return signals
 
     def __iter__(self) -> Iterator[str]:
@@ -172,12 +180,18 @@ class Snapshot:
 
     def view(self, now: float) -> View:
         return View(
-            now=now, programs=self.programs, workers=self.workers,
+            now=now,
+            programs=self.programs,
+            workers=self.workers,
             signals=compute_signals(self.programs, self.history, now, self.cfg, self.use_signature, self.idleness),
-            adapter_versions=self.adapter_versions, handoffs=pending_at(self.handoffs, now),
-            agent_prefix_tokens=self.agent_prefix_tokens, cfg=self.cfg,
-            totals=self.totals, tier_tokens=self.tier_tokens,
-            assignments_made=self.assignments_made, prompts=self.prompts,
+            adapter_versions=self.adapter_versions,
+            handoffs=pending_at(self.handoffs, now),
+            agent_prefix_tokens=self.agent_prefix_tokens,
+            cfg=self.cfg,
+            totals=self.totals,
+            tier_tokens=self.tier_tokens,
+            assignments_made=self.assignments_made,
+            prompts=self.prompts,
         )
 
 
@@ -189,8 +203,12 @@ def pending_at(handoffs: Iterable[PendingHandoff], now: float) -> tuple[PendingH
 
 def _copy_program(p: ProgramState) -> ProgramState:
     """A copy no later change of ``p`` reaches (residency entries are replaced, never mutated)."""
-    return replace(p, tool=replace(p.tool) if p.tool is not None else None, residency=dict(p.residency),
-                   cycles=deque(p.cycles, maxlen=p.cycles.maxlen))
+    return replace(
+        p,
+        tool=replace(p.tool) if p.tool is not None else None,
+        residency=dict(p.residency),
+        cycles=deque(p.cycles, maxlen=p.cycles.maxlen),
+    )
 
 
 def _copy_stats(s: DurationStats) -> DurationStats:
@@ -233,7 +251,9 @@ class _Programs(dict[str, ProgramState]):
 
 
 class RuntimeState:
-    def __init__(self, workers: Iterable[WorkerState] = (), cfg: SignalConfig | None = None, *, use_signature: bool = True) -> None:
+    def __init__(
+        self, workers: Iterable[WorkerState] = (), cfg: SignalConfig | None = None, *, use_signature: bool = True
+    ) -> None:
         self.cfg = cfg or SignalConfig()
         self.use_signature = use_signature
         self.programs: _Programs = _Programs()
@@ -290,8 +310,14 @@ class RuntimeState:
                 p.residency = {k: v for k, v in p.residency.items() if k[0] != worker_id}
                 self.touch(p.program_id)
 
-    def observe_worker(self, worker_id: str, *, queued_requests: int | None = None, used_tokens: int | None = None,
-                       warmups_in_flight: int | None = None) -> None:
+    def observe_worker(
+        self,
+        worker_id: str,
+        *,
+        queued_requests: int | None = None,
+        used_tokens: int | None = None,
+        warmups_in_flight: int | None = None,
+    ) -> None:
         """What the engine reports of its own load (SGLang ``/v1/loads``); None leaves a field as is."""
         w = self.workers[worker_id]
         if queued_requests is not None:
@@ -371,8 +397,9 @@ class RuntimeState:
             p.model = e.model
         # The consumer asked. A request that does not say its agent (the gateway's) is taken to
         # be the consumer's: after a handoff, the program's next request is.
-        self.handoffs = [h for h in self.handoffs
-                         if not (h.program_id == p.program_id and (e.agent is None or h.to_agent == p.agent))]
+        self.handoffs = [
+            h for h in self.handoffs if not (h.program_id == p.program_id and (e.agent is None or h.to_agent == p.agent))
+        ]
 
     def _learn_handoff_prefix(self, p: ProgramState, prompt_tokens: int) -> None:
         """An agent first seen as a handoff's consumer (a coder that only ever starts from a
@@ -492,12 +519,21 @@ class RuntimeState:
 
     # -- gateway-side facts -------------------------------------------------------------------
 
-    def request_arrived(self, program_id: str, ts: float, *, agent: str | None = None, model: str | None = None,
-                        adapter: str | None = None, prompt_tokens: int | None = None) -> ProgramState:
+    def request_arrived(
+        self,
+        program_id: str,
+        ts: float,
+        *,
+        agent: str | None = None,
+        model: str | None = None,
+        adapter: str | None = None,
+        prompt_tokens: int | None = None,
+    ) -> ProgramState:
         """A model request reached the gateway: from now on the program wants the GPU (time held
         in the gateway counts as reasoning)."""
-        self.apply(LLMStart(ts=ts, program_id=program_id, agent=agent, request_id="gateway", model=model,
-                            prompt_tokens=prompt_tokens))
+        self.apply(
+            LLMStart(ts=ts, program_id=program_id, agent=agent, request_id="gateway", model=model, prompt_tokens=prompt_tokens)
+        )
         p = self.programs[program_id]
         if adapter is not None:
             p.adapter = adapter
@@ -552,12 +588,21 @@ class RuntimeState:
         simulator, or the gateway's arrival rule), where nothing can change in between.
         ``lazy``: signals computed only for the programs the caller reads."""
         signals: Mapping[str, ProgramSignals] = (
-            LazySignals(self.programs, self.history, now, self.cfg, self.use_signature) if lazy else self.signals(now))
+            LazySignals(self.programs, self.history, now, self.cfg, self.use_signature) if lazy else self.signals(now)
+        )
         return View(
-            now=now, programs=self.programs, workers=self.workers, signals=signals,
-            adapter_versions=self.adapter_versions, handoffs=pending_at(self.handoffs, now),
-            agent_prefix_tokens=self.agent_prefix_tokens, cfg=self.cfg, totals=self.totals(),
-            tier_tokens=self.tier_tokens, assignments_made=self.assignments_made, prompts=self.prompts,
+            now=now,
+            programs=self.programs,
+            workers=self.workers,
+            signals=signals,
+            adapter_versions=self.adapter_versions,
+            handoffs=pending_at(self.handoffs, now),
+            agent_prefix_tokens=self.agent_prefix_tokens,
+            cfg=self.cfg,
+            totals=self.totals(),
+            tier_tokens=self.tier_tokens,
+            assignments_made=self.assignments_made,
+            prompts=self.prompts,
         )
 
     def snapshot(self) -> Snapshot:
@@ -580,10 +625,16 @@ class RuntimeState:
         return Snapshot(
             programs=MappingProxyType({pid: copies[pid] for pid in self.programs}),
             workers=MappingProxyType({k: replace(w) for k, w in self.workers.items()}),
-            history=self._history_copy, adapter_versions=MappingProxyType(dict(self.adapter_versions)),
-            handoffs=tuple(self.handoffs), agent_prefix_tokens=MappingProxyType(dict(self.agent_prefix_tokens)),
-            cfg=self.cfg, use_signature=self.use_signature, tier_tokens=MappingProxyType(dict(self.tier_tokens)),
-            assignments_made=self.assignments_made, idleness=self._idleness.inputs(), totals=self.totals().copy(),
+            history=self._history_copy,
+            adapter_versions=MappingProxyType(dict(self.adapter_versions)),
+            handoffs=tuple(self.handoffs),
+            agent_prefix_tokens=MappingProxyType(dict(self.agent_prefix_tokens)),
+            cfg=self.cfg,
+            use_signature=self.use_signature,
+            tier_tokens=MappingProxyType(dict(self.tier_tokens)),
+            assignments_made=self.assignments_made,
+            idleness=self._idleness.inputs(),
+            totals=self.totals().copy(),
             prompts=self.prompts.copy(),
         )
 

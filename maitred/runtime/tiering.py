@@ -96,9 +96,17 @@ class TierPlan:
         free = worker.gpu_tokens - self.used(worker_id, Tier.GPU)
         if tokens <= free:
             return True
-        victims = sorted((p for p in self.by_worker[worker_id] if self.tiers[p.program_id] is Tier.GPU
-                          and p.phase is not Phase.REASONING and p.program_id not in self.lazy
-                          and self.iota(p) > iota), key=lambda p: -self.iota(p))
+        victims = sorted(
+            (
+                p
+                for p in self.by_worker[worker_id]
+                if self.tiers[p.program_id] is Tier.GPU
+                and p.phase is not Phase.REASONING
+                and p.program_id not in self.lazy
+                and self.iota(p) > iota
+            ),
+            key=lambda p: -self.iota(p),
+        )
         chosen = []
         for p in victims:
             if tokens <= free:
@@ -117,7 +125,9 @@ class TierPlan:
         over = self.used(worker_id, Tier.CPU) - worker.cpu_tokens
         if over <= 0:  # the usual case: nothing to rank
             return
-        for p in sorted((p for p in self.by_worker[worker_id] if self.tiers[p.program_id] is Tier.CPU), key=lambda p: -self.iota(p)):
+        for p in sorted(
+            (p for p in self.by_worker[worker_id] if self.tiers[p.program_id] is Tier.CPU), key=lambda p: -self.iota(p)
+        ):
             if over <= 0:
                 break
             self.move(p, worker_id, Tier.WAITING)
@@ -186,9 +196,16 @@ def working_set_capacity(view: View) -> dict[str, TierCapacity]:
     return out
 
 
-def plan_tiers(view: View, *, promote_waiting: bool, packing: bool = False, displace: bool = False,
-               ceilings: Mapping[str, int] | None = None, held_back: Mapping[str, int] | None = None,
-               plan: TierPlan | None = None) -> TierPlan:
+def plan_tiers(
+    view: View,
+    *,
+    promote_waiting: bool,
+    packing: bool = False,
+    displace: bool = False,
+    ceilings: Mapping[str, int] | None = None,
+    held_back: Mapping[str, int] | None = None,
+    plan: TierPlan | None = None,
+) -> TierPlan:
     """``promote_waiting``: also bring dropped programs back at home (MORI alone); maitred
     leaves them to TAO placement, which may find them a better worker.
 
@@ -219,13 +236,15 @@ def plan_tiers(view: View, *, promote_waiting: bool, packing: bool = False, disp
         plan = TierPlan(view)
     for worker_id in list(plan.by_worker):
         ceiling = ceilings.get(worker_id) if ceilings else None
-        _plan_worker(plan, worker_id, promote_waiting, packing, displace, ceiling,
-                     held_back.get(worker_id, 0) if held_back else 0)
+        _plan_worker(
+            plan, worker_id, promote_waiting, packing, displace, ceiling, held_back.get(worker_id, 0) if held_back else 0
+        )
     return plan
 
 
-def _plan_worker(plan: TierPlan, worker_id: str, promote_waiting: bool, packing: bool, displace: bool,
-                 ceiling: int | None, held_back: int) -> None:
+def _plan_worker(
+    plan: TierPlan, worker_id: str, promote_waiting: bool, packing: bool, displace: bool, ceiling: int | None, held_back: int
+) -> None:
     worker = plan.view.workers[worker_id]
     for p in plan.by_worker[worker_id]:  # lazy demotions whose step has ended
         if p.lazy_demote and plan.tiers[p.program_id] is Tier.GPU and p.phase is not Phase.REASONING:
@@ -267,8 +286,7 @@ def _shed(plan: TierPlan, worker: WorkerState, over: int, packing: bool) -> int:
     return over
 
 
-def _promote(plan: TierPlan, worker: WorkerState, promote_waiting: bool, packing: bool, displace: bool,
-             held_back: int) -> None:
+def _promote(plan: TierPlan, worker: WorkerState, promote_waiting: bool, packing: bool, displace: bool, held_back: int) -> None:
     """Bring programs up while the GPU tier has room: those that want it now, then those
     predicted to return (r = 1)."""
     worker_id, tiers, iota, weight = worker.worker_id, plan.tiers, plan.iota, plan.weight
@@ -284,8 +302,7 @@ def _promote(plan: TierPlan, worker: WorkerState, promote_waiting: bool, packing
     ahead.sort(key=iota)
     room = worker.gpu_tokens - held_back
     for p in urgent:
-        if weight(p) <= room - plan.used(worker_id, Tier.GPU) or (
-                displace and plan.make_room(worker_id, weight(p), iota(p))):
+        if weight(p) <= room - plan.used(worker_id, Tier.GPU) or (displace and plan.make_room(worker_id, weight(p), iota(p))):
             plan.move(p, worker_id, Tier.GPU)
     for p in ahead:
         if weight(p) <= room - plan.used(worker_id, Tier.GPU):

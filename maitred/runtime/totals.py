@@ -22,20 +22,20 @@ class Share:
     home: str | None
     tier: Tier
     reasoning: bool
-    weight: int      # context + the admission reserve
+    weight: int  # context + the admission reserve
     context: int
     agent: str
 
 
 @dataclass(slots=True)
 class WorkerTotals:
-    gpu_weight: int = 0          # GPU-tier tokens with the reserve (maitred, MORI, admission)
-    gpu_programs: int = 0        # GPU-tier programs (ThunderAgent's active set)
+    gpu_weight: int = 0  # GPU-tier tokens with the reserve (maitred, MORI, admission)
+    gpu_programs: int = 0  # GPU-tier programs (ThunderAgent's active set)
     gpu_reasoning_context: int = 0
     gpu_acting_context: int = 0
-    homed_programs: int = 0      # programs whose home is this worker (any tier)
+    homed_programs: int = 0  # programs whose home is this worker (any tier)
     homed_context: int = 0
-    homed_off_gpu: int = 0       # homed here but not in the GPU tier (ThunderAgent's paused pool)
+    homed_off_gpu: int = 0  # homed here but not in the GPU tier (ThunderAgent's paused pool)
 
 
 @dataclass(slots=True)
@@ -52,8 +52,12 @@ class Totals:
 
     def copy(self) -> "Totals":
         """A copy no later change reaches (for a snapshot): O(workers + agents), not O(programs)."""
-        return Totals({w: replace(t) for w, t in self.workers.items()}, self.wanting_off_gpu, self.homeless_wanting,
-                      Counter(self.agent_homes))
+        return Totals(
+            {w: replace(t) for w, t in self.workers.items()},
+            self.wanting_off_gpu,
+            self.homeless_wanting,
+            Counter(self.agent_homes),
+        )
 
     def worker(self, worker_id: str) -> WorkerTotals:
         return self.workers.get(worker_id) or WorkerTotals()

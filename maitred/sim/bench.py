@@ -32,18 +32,28 @@ class Matrix:
     seed: int = 0
     workers: int = 1
     gpu_tokens: int | None = None
-    use_signature: bool = True   # readiness history per tool signature, else per tool (SPEC 7.2)
-    busy_margin: float | None = None          # maitred's tier sizing (None: the default)
+    use_signature: bool = True  # readiness history per tool signature, else per tool (SPEC 7.2)
+    busy_margin: float | None = None  # maitred's tier sizing (None: the default)
     overcommit_headroom: float | None = None
-    period_s: float | None = None             # every policy's step period (None: each its own)
-    hold_timeout_s: float | None = None       # every policy's hold bound (None: each its own)
+    period_s: float | None = None  # every policy's step period (None: each its own)
+    hold_timeout_s: float | None = None  # every policy's hold bound (None: each its own)
 
     def configs(self) -> list[tuple[RunConfig, bool]]:
         def config(p: str, c: int, r: float) -> RunConfig:
-            return RunConfig(p, c, r, self.duration_s, self.seed, self.workers, self.gpu_tokens,
-                             period_s=self.period_s, hold_timeout_s=self.hold_timeout_s,
-                             use_signature=self.use_signature, busy_margin=self.busy_margin,
-                             overcommit_headroom=self.overcommit_headroom)
+            return RunConfig(
+                p,
+                c,
+                r,
+                self.duration_s,
+                self.seed,
+                self.workers,
+                self.gpu_tokens,
+                period_s=self.period_s,
+                hold_timeout_s=self.hold_timeout_s,
+                use_signature=self.use_signature,
+                busy_margin=self.busy_margin,
+                overcommit_headroom=self.overcommit_headroom,
+            )
 
         runs = [(config("round_robin", c, 1.0), True) for c in self.concurrencies]
         runs += [(config(p, c, r), False) for p in self.policies for c in self.concurrencies for r in self.cpu_ratios]
@@ -68,8 +78,9 @@ def _run(cfg: RunConfig, unlimited: bool) -> dict:
     return record
 
 
-def run_matrix(matrix: Matrix, profile: EngineProfile, *, jobs: int | None = None,
-               on_done: Callable[[dict], None] | None = None) -> list[dict]:
+def run_matrix(
+    matrix: Matrix, profile: EngineProfile, *, jobs: int | None = None, on_done: Callable[[dict], None] | None = None
+) -> list[dict]:
     """All runs of the matrix, in matrix order (whatever order they finish in)."""
     configs = matrix.configs()
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(configs)))
@@ -91,8 +102,11 @@ def run_matrix(matrix: Matrix, profile: EngineProfile, *, jobs: int | None = Non
 
 
 def best_baseline(records: Sequence[dict], concurrency: int, ratio: float, key: str, *, lower: bool = False) -> dict | None:
-    rows = [r for r in records if r["policy"] in BASELINES and r["concurrency"] == concurrency and r["cpu_ratio"] == ratio
-            and _usable(r[key])]
+    rows = [
+        r
+        for r in records
+        if r["policy"] in BASELINES and r["concurrency"] == concurrency and r["cpu_ratio"] == ratio and _usable(r[key])
+    ]
     if not rows:
         return None
     return (min if lower else max)(rows, key=lambda r: r[key])
@@ -119,23 +133,44 @@ def cell(records: Sequence[dict], policy: str, concurrency: int, ratio: float) -
 def report_markdown(matrix: Matrix, records: Sequence[dict], command: str) -> str:
     ratios, concs = matrix.cpu_ratios, matrix.concurrencies
     policies = list(matrix.policies)
-    lines = [f"# Replay: {matrix.trace}", "", f"Command: `{command}`", "",
-             f"{matrix.duration_s:.0f} simulated seconds per run, seed {matrix.seed}, {matrix.workers} worker(s)"
-             + ("" if matrix.use_signature else "; readiness from per-tool history (--history tool)")
-             + "".join(f"; {name} {value:g}" for name, value in (
-                 ("maitred's busy margin", matrix.busy_margin), ("maitred's overcommit headroom", matrix.overcommit_headroom),
-                 ("every policy's step period (s)", matrix.period_s),
-                 ("every policy's hold bound (s)", matrix.hold_timeout_s)) if value is not None)
-             + ".", ""]
-    tables = [("Throughput (output tokens/s)", "throughput_tok_s", "{:.0f}"),
-              ("Mean TTFT (s)", "ttft_mean_s", "{:.2f}"), ("p95 TTFT (s)", "ttft_p95_s", "{:.2f}"),
-              ("Prefix hit rate", "prefix_hit_rate", "{:.3f}")]
+    lines = [
+        f"# Replay: {matrix.trace}",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"{matrix.duration_s:.0f} simulated seconds per run, seed {matrix.seed}, {matrix.workers} worker(s)"
+        + ("" if matrix.use_signature else "; readiness from per-tool history (--history tool)")
+        + "".join(
+            f"; {name} {value:g}"
+            for name, value in (
+                ("maitred's busy margin", matrix.busy_margin),
+                ("maitred's overcommit headroom", matrix.overcommit_headroom),
+                ("every policy's step period (s)", matrix.period_s),
+                ("every policy's hold bound (s)", matrix.hold_timeout_s),
+            )
+            if value is not None
+        )
+        + ".",
+        "",
+    ]
+    tables = [
+        ("Throughput (output tokens/s)", "throughput_tok_s", "{:.0f}"),
+        ("Mean TTFT (s)", "ttft_mean_s", "{:.2f}"),
+        ("p95 TTFT (s)", "ttft_p95_s", "{:.2f}"),
+        ("Prefix hit rate", "prefix_hit_rate", "{:.3f}"),
+    ]
     if any(r.get("handoff_requests") for r in records):  # only traces with handoffs have the column's data
-        tables += [("Mean TTFT of a handoff consumer's first request (s)", "handoff_ttft_mean_s", "{:.2f}"),
-                   ("Handoff consumers' first requests", "handoff_requests", "{:d}")]
+        tables += [
+            ("Mean TTFT of a handoff consumer's first request (s)", "handoff_ttft_mean_s", "{:.2f}"),
+            ("Handoff consumers' first requests", "handoff_requests", "{:d}"),
+        ]
     for title, key, fmt in tables:
-        lines += [f"## {title}", "", "| policy | " + " | ".join(f"C={c} ×{r:g}" for c in concs for r in ratios) + " |",
-                  "|---|" + "---|" * (len(concs) * len(ratios))]
+        lines += [
+            f"## {title}",
+            "",
+            "| policy | " + " | ".join(f"C={c} ×{r:g}" for c in concs for r in ratios) + " |",
+            "|---|" + "---|" * (len(concs) * len(ratios)),
+        ]
         for policy in policies + [UNLIMITED]:
             cells = []
             for c in concs:
@@ -145,14 +180,24 @@ def report_markdown(matrix: Matrix, records: Sequence[dict], command: str) -> st
             lines.append(f"| {policy} | " + " | ".join(cells) + " |")
         lines.append("")
     if "maitred" in policies:
-        lines += ["## maitred against the best baseline of each cell", "",
-                  "| cell | throughput × | mean TTFT change | share of unlimited | vs oracle | vs clairvoyant |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "## maitred against the best baseline of each cell",
+            "",
+            "| cell | throughput × | mean TTFT change | share of unlimited | vs oracle | vs clairvoyant |",
+            "|---|---|---|---|---|---|",
+        ]
         for c in concs:
             for r in ratios:
-                ours, limit, oracle = cell(records, "maitred", c, r), cell(records, UNLIMITED, c, r), cell(records, "oracle", c, r)
+                ours, limit, oracle = (
+                    cell(records, "maitred", c, r),
+                    cell(records, UNLIMITED, c, r),
+                    cell(records, "oracle", c, r),
+                )
                 seer = _ratio(ours, cell(records, "clairvoyant", c, r), "throughput_tok_s")
-                tput, ttft = best_baseline(records, c, r, "throughput_tok_s"), best_baseline(records, c, r, "ttft_mean_s", lower=True)
+                tput, ttft = (
+                    best_baseline(records, c, r, "throughput_tok_s"),
+                    best_baseline(records, c, r, "ttft_mean_s", lower=True),
+                )
                 speedup, ttft_ratio = _ratio(ours, tput, "throughput_tok_s"), _ratio(ours, ttft, "ttft_mean_s")
                 if speedup is None or ttft_ratio is None or tput is None or ttft is None:
                     continue
@@ -160,7 +205,8 @@ def report_markdown(matrix: Matrix, records: Sequence[dict], command: str) -> st
                 lines.append(
                     f"| C={c} ×{r:g} | {speedup:.2f} ({tput['policy']}) | {(ttft_ratio - 1) * 100:+.0f}% ({ttft['policy']}) | "
                     f"{'-' if share is None else f'{share:.0%}'} | {'-' if vs_oracle is None else f'{vs_oracle:.2f}'} | "
-                    f"{'-' if seer is None else f'{seer:.2f}'} |")
+                    f"{'-' if seer is None else f'{seer:.2f}'} |"
+                )
         lines.append("")
     if "maitred" in policies and "maitred_no_preprefill" in policies:
         lines += preprefill_markdown(records, concs, ratios)
@@ -170,9 +216,12 @@ def report_markdown(matrix: Matrix, records: Sequence[dict], command: str) -> st
 def preprefill_markdown(records: Sequence[dict], concs: Sequence[int], ratios: Sequence[float]) -> list[str]:
     """maitred with pre-prefill on against off, per cell: what the warmups buy the first request
     after a handoff (LOCAL's metric) and what they cost everyone else."""
-    lines = ["## Pre-prefill: maitred against maitred_no_preprefill", "",
-             "| cell | handoff consumer TTFT (on / off) | change | throughput change | mean TTFT change |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "## Pre-prefill: maitred against maitred_no_preprefill",
+        "",
+        "| cell | handoff consumer TTFT (on / off) | change | throughput change | mean TTFT change |",
+        "|---|---|---|---|---|",
+    ]
     for c in concs:
         for r in ratios:
             on, off = cell(records, "maitred", c, r), cell(records, "maitred_no_preprefill", c, r)
@@ -180,8 +229,7 @@ def preprefill_markdown(records: Sequence[dict], concs: Sequence[int], ratios: S
                 continue
             consumer = _ratio(on, off, "handoff_ttft_mean_s")
             tput, ttft = _ratio(on, off, "throughput_tok_s"), _ratio(on, off, "ttft_mean_s")
-            pair = ("-" if consumer is None else
-                    f"{on['handoff_ttft_mean_s']:.2f} / {off['handoff_ttft_mean_s']:.2f} s")
+            pair = "-" if consumer is None else f"{on['handoff_ttft_mean_s']:.2f} / {off['handoff_ttft_mean_s']:.2f} s"
             lines.append(f"| C={c} ×{r:g} | {pair} | {_change(consumer)} | {_change(tput)} | {_change(ttft)} |")
     return lines + [""]
 
@@ -197,7 +245,10 @@ def plot(matrix: Matrix, records: Sequence[dict], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     paths = []
-    for key, label, name in (("throughput_tok_s", "output tokens/s", "throughput.png"), ("ttft_mean_s", "mean TTFT (s)", "ttft.png")):
+    for key, label, name in (
+        ("throughput_tok_s", "output tokens/s", "throughput.png"),
+        ("ttft_mean_s", "mean TTFT (s)", "ttft.png"),
+    ):
         fig, axes = plt.subplots(1, len(matrix.cpu_ratios), figsize=(5.5 * len(matrix.cpu_ratios), 4), squeeze=False)
         for ax, ratio in zip(axes[0], matrix.cpu_ratios):
             for policy in list(matrix.policies) + [UNLIMITED]:

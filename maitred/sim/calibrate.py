@@ -83,8 +83,12 @@ def calibrate(device_name: str | None = None, shape: ModelShape | None = None, *
 
         q = shape.heads * shape.head_dim
         kv = shape.kv_heads * shape.head_dim
-        return (w(shape.hidden, q + 2 * kv), w(q, shape.hidden), w(shape.hidden, 2 * shape.intermediate),
-                w(shape.intermediate, shape.hidden))
+        return (
+            w(shape.hidden, q + 2 * kv),
+            w(q, shape.hidden),
+            w(shape.hidden, 2 * shape.intermediate),
+            w(shape.intermediate, shape.hidden),
+        )
 
     layers = [layer_weights() for _ in range(shape.layers)]
     group = shape.heads // shape.kv_heads
@@ -94,7 +98,9 @@ def calibrate(device_name: str | None = None, shape: ModelShape | None = None, *
         tokens = x.shape[1]
         for qkv_w, o_w, up_w, down_w in layers:
             qkv = x @ qkv_w
-            q, k, v = qkv.split([shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.kv_heads * shape.head_dim], -1)
+            q, k, v = qkv.split(
+                [shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.kv_heads * shape.head_dim], -1
+            )
             q = q.view(batch, tokens, shape.heads, shape.head_dim).transpose(1, 2)
             k = k.view(batch, tokens, shape.kv_heads, shape.head_dim).transpose(1, 2)
             v = v.view(batch, tokens, shape.kv_heads, shape.head_dim).transpose(1, 2)
@@ -141,8 +147,10 @@ def calibrate(device_name: str | None = None, shape: ModelShape | None = None, *
         h2d_bytes_per_s=h2d,
         d2h_bytes_per_s=d2h,
         device=device.type,
-        notes=(f"measured by maitred calibrate with torch {torch.__version__}; model shape {shape}; "
-               + ("CPU run: the figures describe this CPU, not a GPU" if device.type == "cpu" else "GPU run")),
+        notes=(
+            f"measured by maitred calibrate with torch {torch.__version__}; model shape {shape}; "
+            + ("CPU run: the figures describe this CPU, not a GPU" if device.type == "cpu" else "GPU run")
+        ),
     )
 
 

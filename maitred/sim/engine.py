@@ -47,8 +47,8 @@ class WorkerModel(HostCache):
     typed_eviction: bool = False
     host_evicts_gpu_copies: bool = False  # MORI's patch: host copies of GPU-resident KV may go first
     write_back: bool = False  # HiCache ``--hicache-write-policy write_back`` (else write_through)
-    priorities: dict[str, int] = field(default_factory=dict)   # GPU eviction: lowest first
-    host_ranks: dict[str, int] = field(default_factory=dict)   # host eviction: lowest first
+    priorities: dict[str, int] = field(default_factory=dict)  # GPU eviction: lowest first
+    host_ranks: dict[str, int] = field(default_factory=dict)  # host eviction: lowest first
     segments: dict[str, Segment] = field(default_factory=dict)
     prefixes: dict[str, Prefix] = field(default_factory=dict)
     running: list[Request] = field(default_factory=list)
@@ -70,8 +70,9 @@ class WorkerModel(HostCache):
         running or queued and the prefixes in use. What SGLang reports as token usage (cached
         KV that could be evicted is not counted)."""
         busy = self._busy_programs()
-        return (sum(seg.gpu for pid, seg in self.segments.items() if pid in busy)
-                + sum(p.tokens for p in self.prefixes.values() if p.resident and p.users > 0))
+        return sum(seg.gpu for pid, seg in self.segments.items() if pid in busy) + sum(
+            p.tokens for p in self.prefixes.values() if p.resident and p.users > 0
+        )
 
     def _evict(self, need: int, keep: set[str], keep_agent: str | None) -> None:
         """Free ``need`` tokens of idle KV, tail first. With write-through nothing is written
@@ -372,4 +373,5 @@ class WorkerModel(HostCache):
 
     def queued_foreground(self) -> int:
         return sum(1 for r in self.queue if r.background is None) + sum(
-            1 for r in self.running if r.background is None and r.prefill_left > 0)
+            1 for r in self.running if r.background is None and r.prefill_left > 0
+        )

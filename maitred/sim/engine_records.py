@@ -12,15 +12,15 @@ from dataclasses import dataclass
 class Request:
     program_id: str
     agent: str
-    context: int            # whole prompt
+    context: int  # whole prompt
     output: int
-    arrival: float          # at the gateway (TTFT counts from here)
-    prefix: int = 0         # the agent's shared system prompt within ``context``
+    arrival: float  # at the gateway (TTFT counts from here)
+    prefix: int = 0  # the agent's shared system prompt within ``context``
     background: str | None = None  # warmup kind, None for a real request
-    priority: int | None = None     # SGLang request priority (stock priority eviction, ratcheted)
+    priority: int | None = None  # SGLang request priority (stock priority eviction, ratcheted)
     prefill_left: int = 0
     decode_left: int = 0
-    ready_at: float = 0.0   # host-to-GPU load done
+    ready_at: float = 0.0  # host-to-GPU load done
     first_token_at: float | None = None
     done_at: float | None = None
     hit_tokens: int = 0
@@ -33,9 +33,9 @@ class Segment:
     """A program's private KV (its context beyond the shared prefix) on this worker."""
 
     agent: str
-    gpu: int = 0            # context tokens [0, gpu) are on the GPU
-    host: int = 0           # and [host_from, host) in host memory
-    host_from: int = 0      # 0 with write-through; write-back copies from the first evicted token
+    gpu: int = 0  # context tokens [0, gpu) are on the GPU
+    host: int = 0  # and [host_from, host) in host memory
+    host_from: int = 0  # 0 with write-through; write-back copies from the first evicted token
     last: float = 0.0
     loading_until: float = 0.0
 

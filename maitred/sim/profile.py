@@ -62,8 +62,12 @@ class EngineProfile:
                 raise ValueError(f"engine profile {f.name}: must be positive and finite, got {value!r}")
 
     def step_s(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
-        return (self.step_base_s + prefill_tokens * self.prefill_s_per_token
-                + decode_seqs * self.decode_s_per_seq + context_tokens * self.attention_s_per_ctx_token)
+        return (
+            self.step_base_s
+            + prefill_tokens * self.prefill_s_per_token
+            + decode_seqs * self.decode_s_per_seq
+            + context_tokens * self.attention_s_per_ctx_token
+        )
 
     def load_s(self, tokens: int) -> float:
         return tokens * self.kv_bytes_per_token / self.h2d_bytes_per_s
@@ -100,10 +104,17 @@ class EngineProfile:
 PROFILES: dict[str, EngineProfile] = {
     "h100-7b": EngineProfile(),
     "h200-7b": EngineProfile(
-        name="h200-141gb-7b-gqa (assumed)", gpu_kv_tokens=1_880_000, step_base_s=0.0035,
-        attention_s_per_ctx_token=1.3e-8),
+        name="h200-141gb-7b-gqa (assumed)", gpu_kv_tokens=1_880_000, step_base_s=0.0035, attention_s_per_ctx_token=1.3e-8
+    ),
     "b200x2-70b": EngineProfile(
-        name="2xb200-192gb-llama70b-tp2 (assumed)", gpu_kv_tokens=588_000, kv_bytes_per_token=327_680,
-        step_base_s=0.012, prefill_s_per_token=7.0e-5, decode_s_per_seq=8.0e-5, attention_s_per_ctx_token=2.3e-8,
-        h2d_bytes_per_s=50e9, d2h_bytes_per_s=50e9),
+        name="2xb200-192gb-llama70b-tp2 (assumed)",
+        gpu_kv_tokens=588_000,
+        kv_bytes_per_token=327_680,
+        step_base_s=0.012,
+        prefill_s_per_token=7.0e-5,
+        decode_s_per_seq=8.0e-5,
+        attention_s_per_ctx_token=2.3e-8,
+        h2d_bytes_per_s=50e9,
+        d2h_bytes_per_s=50e9,
+    ),
 }

@@ -72,18 +72,29 @@ class Replay:
         host = int(gpu * cfg.cpu_ratio) if self.sim.offload else 0
         longest = max(s.input_tokens + s.output_tokens for p in self.trace.programs for s in p.steps)
         if longest > gpu:
-            raise ValueError(f"gpu_tokens: {gpu:,} per worker cannot hold the trace's longest step "
-                             f"({longest:,} tokens of prompt and output); raise --gpu-tokens or use another profile")
+            raise ValueError(
+                f"gpu_tokens: {gpu:,} per worker cannot hold the trace's longest step "
+                f"({longest:,} tokens of prompt and output); raise --gpu-tokens or use another profile"
+            )
         self.gpu_tokens = gpu
         write_back = self.sim.write_back and write_back_for(cfg.cpu_ratio)
         self.workers = {
-            f"w{i}": WorkerModel(f"w{i}", profile, gpu, host, offload=self.sim.offload, typed_eviction=self.sim.typed,
-                            host_evicts_gpu_copies=self.sim.labels, write_back=write_back)
+            f"w{i}": WorkerModel(
+                f"w{i}",
+                profile,
+                gpu,
+                host,
+                offload=self.sim.offload,
+                typed_eviction=self.sim.typed,
+                host_evicts_gpu_copies=self.sim.labels,
+                write_back=write_back,
+            )
             for i in range(cfg.workers)
         }
         self.state = RuntimeState(
             [WorkerState(w, gpu_tokens=gpu, cpu_tokens=host, write_back=write_back) for w in self.workers],
-            replace(SignalConfig(period_s=cfg.period), **cfg.sizing), use_signature=cfg.use_signature,
+            replace(SignalConfig(period_s=cfg.period), **cfg.sizing),
+            use_signature=cfg.use_signature,
         )
         self.clairvoyant = Clairvoyant() if self.sim.runtime == "clairvoyant" else None
         policy: Policy = self.clairvoyant or self.sim.policy()
@@ -161,8 +172,9 @@ class Replay:
     def _on_arrival(self, t: float, run: _Running) -> None:
         step = run.trace.steps[run.step]
         ts = max(t, 1e-6)
-        req = Request(run.pid, step.agent, step.input_tokens, step.output_tokens, t,
-                      prefix=self.trace.prefix_tokens.get(step.agent, 0))
+        req = Request(
+            run.pid, step.agent, step.input_tokens, step.output_tokens, t, prefix=self.trace.prefix_tokens.get(step.agent, 0)
+        )
         self.requests += 1
         if run.pid in self.consumers:
             self.consumers[run.pid] = req
@@ -200,8 +212,7 @@ class Replay:
 
     def _in_flight(self) -> dict[str, int]:
         """Foreground requests running or queued per worker: what the gateway counts in flight."""
-        return {wid: sum(1 for r in w.running if r.background is None) + w.queued_foreground()
-                for wid, w in self.workers.items()}
+        return {wid: sum(1 for r in w.running if r.background is None) + w.queued_foreground() for wid, w in self.workers.items()}
 
     def _submit(self, wid: str, req: Request, t: float) -> None:
         worker = self.workers[wid]
@@ -224,9 +235,17 @@ class Replay:
                 self.handoff_ttft.append(req.first_token_at - req.arrival)
             self.output_tokens += req.output
             run = self.running[req.program_id]
-            self.core.observe(LLMEnd(ts=max(req.done_at, 1e-6), program_id=run.pid, request_id=f"r{run.step}",
-                                    prompt_tokens=req.context, completion_tokens=req.output,
-                                    cached_tokens=req.hit_tokens, worker=wid))
+            self.core.observe(
+                LLMEnd(
+                    ts=max(req.done_at, 1e-6),
+                    program_id=run.pid,
+                    request_id=f"r{run.step}",
+                    prompt_tokens=req.context,
+                    completion_tokens=req.output,
+                    cached_tokens=req.hit_tokens,
+                    worker=wid,
+                )
+            )
             self._after_step(run, req.done_at)
         self._reschedule(wid)
 
@@ -237,9 +256,16 @@ class Replay:
         if run.step + 1 < len(steps) and steps[run.step + 1].agent != steps[run.step].agent:
             nxt, previous = steps[run.step + 1], steps[run.step].agent
             context = nxt.handoff_tokens or nxt.input_tokens
-            self.core.observe(Handoff(ts=max(t, 1e-6), program_id=run.pid, agent=previous, from_agent=previous,
-                                      to_agent=nxt.agent,
-                                      context_tokens=max(context - self.trace.prefix_tokens.get(nxt.agent, 0), 0)))
+            self.core.observe(
+                Handoff(
+                    ts=max(t, 1e-6),
+                    program_id=run.pid,
+                    agent=previous,
+                    from_agent=previous,
+                    to_agent=nxt.agent,
+                    context_tokens=max(context - self.trace.prefix_tokens.get(nxt.agent, 0), 0),
+                )
+            )
             self.core.handoff_prompt_seen(run.pid)
             self.consumers[run.pid] = None
             self._urgent_step(t)
@@ -259,8 +285,16 @@ class Replay:
             tool = step.tools[run.tool]
             run.call_seq += 1
             call_id = f"c{run.call_seq}"
-            self.core.observe(ToolStart(ts=ts, program_id=run.pid, call_id=call_id, tool=tool.name,
-                                       signature=tool.signature, deadline_s=tool.deadline_s))
+            self.core.observe(
+                ToolStart(
+                    ts=ts,
+                    program_id=run.pid,
+                    call_id=call_id,
+                    tool=tool.name,
+                    signature=tool.signature,
+                    deadline_s=tool.deadline_s,
+                )
+            )
             if self.sim.oracle:
                 self.core.observe(ToolProgress(ts=ts, program_id=run.pid, call_id=call_id, fraction=0.0, eta_s=tool.duration_s))
             self._push(t + tool.duration_s, "tool_end", (run, call_id))
@@ -274,8 +308,14 @@ class Replay:
 
     def _on_tool_end(self, t: float, data: tuple[_Running, str]) -> None:
         run, call_id = data
-        self.core.observe(ToolEnd(ts=max(t, 1e-6), program_id=run.pid, call_id=call_id,
-                                 duration_s=run.trace.steps[run.step].tools[run.tool].duration_s))
+        self.core.observe(
+            ToolEnd(
+                ts=max(t, 1e-6),
+                program_id=run.pid,
+                call_id=call_id,
+                duration_s=run.trace.steps[run.step].tools[run.tool].duration_s,
+            )
+        )
         run.tool += 1
         self._next_tool(run, t)
 
@@ -304,8 +344,12 @@ class Replay:
     def _observe_workers(self, t: float) -> None:
         for wid, worker in self.workers.items():
             self._finished(wid, worker.advance(t), t)
-            self.state.observe_worker(wid, queued_requests=worker.queued_foreground(), used_tokens=worker.locked_tokens(),
-                                      warmups_in_flight=sum(1 for r in worker.running if r.background is not None))
+            self.state.observe_worker(
+                wid,
+                queued_requests=worker.queued_foreground(),
+                used_tokens=worker.locked_tokens(),
+                warmups_in_flight=sum(1 for r in worker.running if r.background is not None),
+            )
 
     def _tick(self, t: float, *, periodic: bool) -> None:
         self._observe_workers(t)
@@ -335,9 +379,14 @@ class Replay:
             touched.add(warm.worker)
             if warm.kind == "load_back":
                 worker.promote(warm.program_id, t)
-            elif worker.warm(warm.program_id, warm.agent or "agent", warm.tokens,
-                             self.trace.prefix_tokens.get(warm.agent or "", 0), t,
-                             self.core.priority_for(warm.program_id, warm.worker, t)):
+            elif worker.warm(
+                warm.program_id,
+                warm.agent or "agent",
+                warm.tokens,
+                self.trace.prefix_tokens.get(warm.agent or "", 0),
+                t,
+                self.core.priority_for(warm.program_id, warm.worker, t),
+            ):
                 self.core.warming(warm.program_id, True)
                 if warm.kind == "handoff":
                     self.core.handoff_warmed(warm.program_id)
@@ -357,19 +406,28 @@ class Replay:
         latency = np.array(self.latency) if self.latency else None
         preds = self.state.predictions
         return RunResult(
-            policy=self.cfg.policy, concurrency=self.cfg.concurrency, cpu_ratio=self.cfg.cpu_ratio,
+            policy=self.cfg.policy,
+            concurrency=self.cfg.concurrency,
+            cpu_ratio=self.cfg.cpu_ratio,
             throughput_tok_s=self.output_tokens / self.cfg.duration_s,
-            ttft_mean_s=float(ttft.mean()), ttft_p95_s=float(np.percentile(ttft, 95)),
+            ttft_mean_s=float(ttft.mean()),
+            ttft_p95_s=float(np.percentile(ttft, 95)),
             latency_mean_s=float(latency.mean()) if latency is not None else None,
             latency_p95_s=float(np.percentile(latency, 95)) if latency is not None else None,
             prefix_hit_rate=sum(s.hit_tokens for s in stats) / prompt if prompt else 0.0,
             recomputed_tokens=sum(s.recomputed_tokens for s in stats),
             transfer_bytes=sum(s.transfer_bytes for s in stats),
-            tier_moves=self.tier_moves, requests=self.requests, programs_completed=len(self.latency),
+            tier_moves=self.tier_moves,
+            requests=self.requests,
+            programs_completed=len(self.latency),
             warmups=sum(s.warmups for s in stats),
             dp_fallback_share=self.scheduler.dp_fallbacks / self.scheduler.dp_steps if self.scheduler.dp_steps else None,
-            prediction_mae_s=preds.mae_s, prediction_within_half_s=preds.within_half_second_share,
-            gpu_tokens=self.gpu_tokens, workers=self.cfg.workers, duration_s=self.cfg.duration_s, seed=self.cfg.seed,
+            prediction_mae_s=preds.mae_s,
+            prediction_within_half_s=preds.within_half_second_share,
+            gpu_tokens=self.gpu_tokens,
+            workers=self.cfg.workers,
+            duration_s=self.cfg.duration_s,
+            seed=self.cfg.seed,
             unlimited=self.unlimited,
             handoff_ttft_mean_s=float(np.mean(self.handoff_ttft)) if self.handoff_ttft else None,
             handoff_requests=len(self.handoff_ttft),

@@ -19,16 +19,16 @@ class SimPolicy:
     """How a simulator policy maps onto a runtime policy and the engine's own behaviour."""
 
     runtime: str
-    offload: bool = False        # HiCache: host memory under the GPU's KV cache
-    write_back: bool = False     # HiCache ``--hicache-write-policy write_back`` where maitred picks it
-                                 # (``maitred.runtime.hicache``), else SGLang's default write_through
-    typed: bool = False          # eviction follows the scheduler's priorities
-    tiering: bool = False        # promotions load KV back from host memory ahead of the request
-    oracle: bool = False         # the runtime is told each tool's true duration
-    labels: bool = False         # MORI's engine patch: tier labels on the cache (may go down; host
-                                 # copies of GPU-tier programs are dropped first); else priorities
-                                 # ride on requests and ratchet (stock SGLang)
-    preprefill: bool = True      # maitred's warmups (off: the same policy without pre-prefill, to measure them)
+    offload: bool = False  # HiCache: host memory under the GPU's KV cache
+    write_back: bool = False  # HiCache ``--hicache-write-policy write_back`` where maitred picks it
+    # (``maitred.runtime.hicache``), else SGLang's default write_through
+    typed: bool = False  # eviction follows the scheduler's priorities
+    tiering: bool = False  # promotions load KV back from host memory ahead of the request
+    oracle: bool = False  # the runtime is told each tool's true duration
+    labels: bool = False  # MORI's engine patch: tier labels on the cache (may go down; host
+    # copies of GPU-tier programs are dropped first); else priorities
+    # ride on requests and ratchet (stock SGLang)
+    preprefill: bool = True  # maitred's warmups (off: the same policy without pre-prefill, to measure them)
 
     def __post_init__(self) -> None:
         if not self.preprefill and self.runtime != "maitred":
@@ -72,18 +72,18 @@ class RunConfig:
     duration_s: float = 3600.0
     seed: int = 0
     workers: int = 1
-    gpu_tokens: int | None = None   # per worker; None: the profile's
-    period_s: float | None = None        # None: the policy's own
+    gpu_tokens: int | None = None  # per worker; None: the profile's
+    period_s: float | None = None  # None: the policy's own
     hold_timeout_s: float | None = None  # None: the policy's own
-    stagger_s: float = 30.0         # slots start spread over this window
+    stagger_s: float = 30.0  # slots start spread over this window
     #: each slot runs one program, in trace order, the slots ``start_gap_s`` apart, and the run
     #: ends when all have (a parity run against the live gateway); else they cycle, staggered at random
     once: bool = False
     start_gap_s: float = 0.0
-    use_signature: bool = True      # readiness history per tool signature (else per tool; SPEC 7.2)
-    busy_margin: float | None = None          # maitred's tier sizing (None: SignalConfig's default)
+    use_signature: bool = True  # readiness history per tool signature (else per tool; SPEC 7.2)
+    busy_margin: float | None = None  # maitred's tier sizing (None: SignalConfig's default)
     overcommit_headroom: float | None = None
-    journal: bool = False           # keep the core's decisions (``Replay.core.journal``)
+    journal: bool = False  # keep the core's decisions (``Replay.core.journal``)
 
     def __post_init__(self) -> None:
         if self.policy not in SIM_POLICIES:
@@ -104,8 +104,9 @@ class RunConfig:
 
     def core_config(self) -> CoreConfig:
         sim = SIM_POLICIES[self.policy]
-        return CoreConfig(period_s=self.period_s, hold_s=self.hold_timeout_s, priorities=sim.typed and not sim.labels,
-                          journal=self.journal)
+        return CoreConfig(
+            period_s=self.period_s, hold_s=self.hold_timeout_s, priorities=sim.typed and not sim.labels, journal=self.journal
+        )
 
     @property
     def period(self) -> float:
@@ -114,8 +115,11 @@ class RunConfig:
     @property
     def sizing(self) -> dict[str, Any]:
         """maitred's GPU-tier sizing overrides, for ``SignalConfig``."""
-        return {name: value for name, value in (("busy_margin", self.busy_margin),
-                                                ("overcommit_headroom", self.overcommit_headroom)) if value is not None}
+        return {
+            name: value
+            for name, value in (("busy_margin", self.busy_margin), ("overcommit_headroom", self.overcommit_headroom))
+            if value is not None
+        }
 
     @property
     def hold(self) -> float:

@@ -33,12 +33,34 @@ from maitred.storage.errors import first_line
 
 PROGRAM_COLUMNS = ("program_id", "parent_program_id", "agent", "framework", "started_at", "ended_at", "status", "attrs")
 TOOL_COLUMNS = (
-    "program_id", "call_id", "agent", "tool", "signature", "started_at", "ended_at", "deadline_s", "background",
-    "status", "duration_s", "progress_fraction", "progress_eta_s", "progress_at",
+    "program_id",
+    "call_id",
+    "agent",
+    "tool",
+    "signature",
+    "started_at",
+    "ended_at",
+    "deadline_s",
+    "background",
+    "status",
+    "duration_s",
+    "progress_fraction",
+    "progress_eta_s",
+    "progress_at",
 )
 LLM_COLUMNS = (
-    "program_id", "request_id", "agent", "model", "started_at", "ended_at", "prompt_tokens", "cached_tokens",
-    "completion_tokens", "worker", "ttft_s", "status",
+    "program_id",
+    "request_id",
+    "agent",
+    "model",
+    "started_at",
+    "ended_at",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "worker",
+    "ttft_s",
+    "status",
 )
 
 
@@ -99,44 +121,110 @@ def _fold_one(out: Folded, e: Event, key: str) -> None:
     pid = e.program_id
     match e:
         case ToolStart():
-            _merge(out.tool_calls, (pid, e.call_id), TOOL_COLUMNS, {
-                "program_id": pid, "call_id": e.call_id, "agent": e.agent, "tool": e.tool, "signature": e.signature,
-                "started_at": e.ts, "deadline_s": e.deadline_s, "background": e.background,
-            })
+            _merge(
+                out.tool_calls,
+                (pid, e.call_id),
+                TOOL_COLUMNS,
+                {
+                    "program_id": pid,
+                    "call_id": e.call_id,
+                    "agent": e.agent,
+                    "tool": e.tool,
+                    "signature": e.signature,
+                    "started_at": e.ts,
+                    "deadline_s": e.deadline_s,
+                    "background": e.background,
+                },
+            )
         case ToolProgress():
-            _merge(out.tool_calls, (pid, e.call_id), TOOL_COLUMNS, {
-                "program_id": pid, "call_id": e.call_id, "progress_fraction": e.fraction,
-                "progress_eta_s": e.eta_s, "progress_at": e.ts,
-            })
+            _merge(
+                out.tool_calls,
+                (pid, e.call_id),
+                TOOL_COLUMNS,
+                {
+                    "program_id": pid,
+                    "call_id": e.call_id,
+                    "progress_fraction": e.fraction,
+                    "progress_eta_s": e.eta_s,
+                    "progress_at": e.ts,
+                },
+            )
         case ToolEnd():
-            _merge(out.tool_calls, (pid, e.call_id), TOOL_COLUMNS, {
-                "program_id": pid, "call_id": e.call_id, "ended_at": e.ts, "status": e.status, "duration_s": e.duration_s,
-            })
+            _merge(
+                out.tool_calls,
+                (pid, e.call_id),
+                TOOL_COLUMNS,
+                {
+                    "program_id": pid,
+                    "call_id": e.call_id,
+                    "ended_at": e.ts,
+                    "status": e.status,
+                    "duration_s": e.duration_s,
+                },
+            )
         case LLMStart():
-            _merge(out.llm_calls, (pid, e.request_id), LLM_COLUMNS, {
-                "program_id": pid, "request_id": e.request_id, "agent": e.agent, "model": e.model,
-                "started_at": e.ts, "prompt_tokens": e.prompt_tokens,
-            })
+            _merge(
+                out.llm_calls,
+                (pid, e.request_id),
+                LLM_COLUMNS,
+                {
+                    "program_id": pid,
+                    "request_id": e.request_id,
+                    "agent": e.agent,
+                    "model": e.model,
+                    "started_at": e.ts,
+                    "prompt_tokens": e.prompt_tokens,
+                },
+            )
         case LLMEnd():
-            _merge(out.llm_calls, (pid, e.request_id), LLM_COLUMNS, {
-                "program_id": pid, "request_id": e.request_id, "agent": e.agent, "ended_at": e.ts,
-                "prompt_tokens": e.prompt_tokens, "cached_tokens": e.cached_tokens,
-                "completion_tokens": e.completion_tokens, "worker": e.worker, "ttft_s": e.ttft_s, "status": e.status,
-            })
+            _merge(
+                out.llm_calls,
+                (pid, e.request_id),
+                LLM_COLUMNS,
+                {
+                    "program_id": pid,
+                    "request_id": e.request_id,
+                    "agent": e.agent,
+                    "ended_at": e.ts,
+                    "prompt_tokens": e.prompt_tokens,
+                    "cached_tokens": e.cached_tokens,
+                    "completion_tokens": e.completion_tokens,
+                    "worker": e.worker,
+                    "ttft_s": e.ttft_s,
+                    "status": e.status,
+                },
+            )
         case ProgramStart():
-            _merge(out.programs, pid, PROGRAM_COLUMNS, {
-                "program_id": pid, "parent_program_id": e.parent_program_id, "agent": e.agent,
-                "framework": e.framework, "started_at": e.ts,
-                "attrs": canonical_json(e.attrs) if e.attrs else None,
-            })
+            _merge(
+                out.programs,
+                pid,
+                PROGRAM_COLUMNS,
+                {
+                    "program_id": pid,
+                    "parent_program_id": e.parent_program_id,
+                    "agent": e.agent,
+                    "framework": e.framework,
+                    "started_at": e.ts,
+                    "attrs": canonical_json(e.attrs) if e.attrs else None,
+                },
+            )
         case ProgramEnd():
             _merge(out.programs, pid, PROGRAM_COLUMNS, {"program_id": pid, "ended_at": e.ts, "status": e.status})
         case Handoff():
-            out.handoffs.append({
-                "event_key": key, "program_id": pid, "ts": e.ts, "agent": e.agent, "from_agent": e.from_agent,
-                "to_agent": e.to_agent, "child_program_id": e.child_program_id, "context_tokens": e.context_tokens,
-                "context_hash": e.context_hash, "n_messages": len(e.messages) if e.messages is not None else None,
-            })
+            out.handoffs.append(
+                {
+                    "event_key": key,
+                    "program_id": pid,
+                    "ts": e.ts,
+                    "agent": e.agent,
+                    "from_agent": e.from_agent,
+                    "to_agent": e.to_agent,
+                    "child_program_id": e.child_program_id,
+                    "context_tokens": e.context_tokens,
+                    "context_hash": e.context_hash,
+                    "n_messages": len(e.messages) if e.messages is not None else None,
+                }
+            )
     if pid not in out.programs:
         # Every program seen gets a row, even when its program.start was never sent.
         _merge(out.programs, pid, PROGRAM_COLUMNS, {"program_id": pid})

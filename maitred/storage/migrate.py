@@ -148,7 +148,9 @@ def adopt_unstamped(conn: Connection, migration: MigrationContext, *, where: str
         conn.execute(text(f'DROP TABLE "{table}"'))
 
 
-def _differences(shape: dict[str, tuple[frozenset[str], frozenset[str]]], reference: dict[str, tuple[frozenset[str], frozenset[str]]]) -> str:
+def _differences(
+    shape: dict[str, tuple[frozenset[str], frozenset[str]]], reference: dict[str, tuple[frozenset[str], frozenset[str]]]
+) -> str:
     parts: list[str] = []
     missing = sorted(set(reference) - set(shape))
     if missing:

@@ -72,15 +72,24 @@ class ToolStats:
         d = np.asarray(durations, dtype=float)
         p50, p90, p99 = np.percentile(d, [50, 90, 99])
         return cls(
-            tool=tool, n=int(d.size), mean_s=float(d.mean()), std_s=float(d.std(ddof=1)) if d.size > 1 else 0.0,
-            min_s=float(d.min()), max_s=float(d.max()), p50_s=float(p50), p90_s=float(p90), p99_s=float(p99),
+            tool=tool,
+            n=int(d.size),
+            mean_s=float(d.mean()),
+            std_s=float(d.std(ddof=1)) if d.size > 1 else 0.0,
+            min_s=float(d.min()),
+            max_s=float(d.max()),
+            p50_s=float(p50),
+            p90_s=float(p90),
+            p99_s=float(p99),
         )
 
 
 def _durations_query(since: float | None, agent: str | None):
     duration = ToolCallRow.elapsed_s
     query = select(ToolCallRow.tool, ToolCallRow.signature, duration).where(
-        ToolCallRow.ended_at.is_not(None), duration.is_not(None), ToolCallRow.tool.is_not(None),
+        ToolCallRow.ended_at.is_not(None),
+        duration.is_not(None),
+        ToolCallRow.tool.is_not(None),
     )
     if since is not None:
         query = query.where(ToolCallRow.ended_at >= since)
@@ -89,7 +98,9 @@ def _durations_query(since: float | None, agent: str | None):
     return query
 
 
-def tool_stats_one(session: Session, *, tool: str | None, signature: str | None, since: float | None, agent: str | None) -> ToolStats | None:
+def tool_stats_one(
+    session: Session, *, tool: str | None, signature: str | None, since: float | None, agent: str | None
+) -> ToolStats | None:
     query = _durations_query(since, agent)
     if tool is not None:
         query = query.where(ToolCallRow.tool == tool)
@@ -131,13 +142,20 @@ def _seen_agent_and_start() -> tuple[Any, Any]:
     recorded of it: a program seen only through the gateway (its model calls) has no
     ``program.start``, and would otherwise list without either. The agent is that of its first
     model call (else first tool call), the start its first event."""
+
     def first_agent(row: Any) -> Any:
-        return (select(row.agent).where(row.program_id == ProgramRow.program_id, row.agent.is_not(None))
-                .order_by(row.started_at).limit(1).scalar_subquery())
+        return (
+            select(row.agent)
+            .where(row.program_id == ProgramRow.program_id, row.agent.is_not(None))
+            .order_by(row.started_at)
+            .limit(1)
+            .scalar_subquery()
+        )
 
     agent = func.coalesce(ProgramRow.agent, first_agent(LLMCallRow), first_agent(ToolCallRow))
-    started = func.coalesce(ProgramRow.started_at, select(func.min(EventRow.ts))
-                            .where(EventRow.program_id == ProgramRow.program_id).scalar_subquery())
+    started = func.coalesce(
+        ProgramRow.started_at, select(func.min(EventRow.ts)).where(EventRow.program_id == ProgramRow.program_id).scalar_subquery()
+    )
     return agent, started
 
 
@@ -155,8 +173,9 @@ def program_summaries(session: Session, *, since: float | None, limit: int) -> l
     if since is not None:
         query = query.where(started >= since)
     return [
-        ProgramSummary(p.program_id, p.parent_program_id, seen_agent, p.framework, seen_start, p.ended_at, p.status,
-                       n_tools, n_llm)
+        ProgramSummary(
+            p.program_id, p.parent_program_id, seen_agent, p.framework, seen_start, p.ended_at, p.status, n_tools, n_llm
+        )
         for p, seen_agent, seen_start, n_tools, n_llm in session.execute(query)
     ]
 
@@ -201,20 +220,53 @@ def program_timeline(session: Session, program_id: str) -> ProgramTimeline | Non
     spans: list[Span] = []
     for t in session.scalars(select(ToolCallRow).where(ToolCallRow.program_id == program_id)):
         start = t.started_at if t.started_at is not None else (t.ended_at or 0) - (t.duration_s or 0)
-        spans.append(Span("tool", t.signature or t.tool or "?", start, t.ended_at, t.status, t.agent, {
-            "call_id": t.call_id, "deadline_s": t.deadline_s, "background": t.background,
-        }))
+        spans.append(
+            Span(
+                "tool",
+                t.signature or t.tool or "?",
+                start,
+                t.ended_at,
+                t.status,
+                t.agent,
+                {
+                    "call_id": t.call_id,
+                    "deadline_s": t.deadline_s,
+                    "background": t.background,
+                },
+            )
+        )
     for c in session.scalars(select(LLMCallRow).where(LLMCallRow.program_id == program_id)):
         start = c.started_at if c.started_at is not None else c.ended_at or 0
-        spans.append(Span("llm", c.model or "model", start, c.ended_at, c.status, c.agent, {
-            "request_id": c.request_id, "prompt_tokens": c.prompt_tokens, "cached_tokens": c.cached_tokens,
-            "completion_tokens": c.completion_tokens, "worker": c.worker, "ttft_s": c.ttft_s,
-        }))
+        spans.append(
+            Span(
+                "llm",
+                c.model or "model",
+                start,
+                c.ended_at,
+                c.status,
+                c.agent,
+                {
+                    "request_id": c.request_id,
+                    "prompt_tokens": c.prompt_tokens,
+                    "cached_tokens": c.cached_tokens,
+                    "completion_tokens": c.completion_tokens,
+                    "worker": c.worker,
+                    "ttft_s": c.ttft_s,
+                },
+            )
+        )
     spans.extend(wait_spans(session, program_id))
     spans.sort(key=lambda s: (s.start, s.kind))
     handoffs = [
-        {"ts": h.ts, "from_agent": h.from_agent, "to_agent": h.to_agent, "child_program_id": h.child_program_id,
-         "context_tokens": h.context_tokens, "context_hash": h.context_hash, "n_messages": h.n_messages}
+        {
+            "ts": h.ts,
+            "from_agent": h.from_agent,
+            "to_agent": h.to_agent,
+            "child_program_id": h.child_program_id,
+            "context_tokens": h.context_tokens,
+            "context_hash": h.context_hash,
+            "n_messages": h.n_messages,
+        }
         for h in session.scalars(select(HandoffRow).where(HandoffRow.program_id == program_id).order_by(HandoffRow.ts))
     ]
     return ProgramTimeline(summary, spans, handoffs)
@@ -228,8 +280,9 @@ def _summary(session: Session, program_id: str) -> ProgramSummary | None:
     row, seen_agent, seen_start = found
     n_tools = session.scalar(select(func.count()).where(ToolCallRow.program_id == program_id)) or 0
     n_llm = session.scalar(select(func.count()).where(LLMCallRow.program_id == program_id)) or 0
-    return ProgramSummary(row.program_id, row.parent_program_id, seen_agent, row.framework, seen_start,
-                          row.ended_at, row.status, n_tools, n_llm)
+    return ProgramSummary(
+        row.program_id, row.parent_program_id, seen_agent, row.framework, seen_start, row.ended_at, row.status, n_tools, n_llm
+    )
 
 
 def wait_spans(session: Session, program_id: str) -> list[Span]:

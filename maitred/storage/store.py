@@ -90,8 +90,15 @@ class SessionStore:
     """
 
     def __init__(
-        self, url: str, *, migrate: bool = True, create: bool = True, connect_timeout_s: float | None = 10.0,
-        write_timeout_s: float = 30.0, read_timeout_s: float = 30.0, echo: bool = False,
+        self,
+        url: str,
+        *,
+        migrate: bool = True,
+        create: bool = True,
+        connect_timeout_s: float | None = 10.0,
+        write_timeout_s: float = 30.0,
+        read_timeout_s: float = 30.0,
+        echo: bool = False,
     ) -> None:
         for name, seconds in (("write_timeout_s", write_timeout_s), ("read_timeout_s", read_timeout_s)):
             if not seconds > 0:
@@ -220,7 +227,9 @@ class SessionStore:
             self._upsert(conn, _TABLES["tool_calls"], ["program_id", "call_id"], list(folded.tool_calls.values()))
             self._upsert(conn, _TABLES["llm_calls"], ["program_id", "request_id"], list(folded.llm_calls.values()))
             if folded.handoffs:
-                conn.execute(self._insert(_TABLES["handoffs"]).on_conflict_do_nothing(index_elements=["event_key"]), folded.handoffs)
+                conn.execute(
+                    self._insert(_TABLES["handoffs"]).on_conflict_do_nothing(index_elements=["event_key"]), folded.handoffs
+                )
 
     def _insert(self, table: Table) -> postgresql.Insert | sqlite.Insert:
         return postgresql.insert(table) if self._postgres else sqlite.insert(table)
@@ -279,7 +288,12 @@ class SessionStore:
     # -- queries --------------------------------------------------------------------------------
 
     def tool_stats(
-        self, tool: str | None = None, *, since: Since = None, agent: str | None = None, signature: str | None = None,
+        self,
+        tool: str | None = None,
+        *,
+        since: Since = None,
+        agent: str | None = None,
+        signature: str | None = None,
     ) -> ToolStats | None:
         """Duration statistics of completed calls of one tool (or of all tools when ``tool`` is
         None); None when there are no completed calls to describe."""

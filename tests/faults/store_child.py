@@ -49,8 +49,16 @@ def forkserver() -> Any:
 
 
 def run_writer(
-    url: str, report: str, *, writer: str, batches: int, size: int, kill_at: int = 0, shared: int = 0,
-    start: Any = None, stderr: str | None = None,
+    url: str,
+    report: str,
+    *,
+    writer: str,
+    batches: int,
+    size: int,
+    kill_at: int = 0,
+    shared: int = 0,
+    start: Any = None,
+    stderr: str | None = None,
 ) -> None:
     """Open the store and write ``batches`` batches (each followed by ``shared`` events of the
     ``shared`` program), reporting ``<writer> <batch>`` per stored batch. ``kill_at`` > 0:

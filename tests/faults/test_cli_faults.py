@@ -28,6 +28,7 @@ def _one_stderr_line(capsys) -> str:
 
 # -- demo --db-file never deletes a history it did not make -------------------------------------
 
+
 def _history(path: Path) -> str:
     url = f"sqlite:///{path}"
     with SessionStore(url) as store:
@@ -71,8 +72,12 @@ def test_demo_refuses_a_directory(tmp_path, capsys):
 def test_demo_reruns_over_its_own_database(tmp_path):
     target = tmp_path / "demo.db"
     for _ in range(2):
-        result = subprocess.run([MAITRED, "demo", "--offline", "--db-file", str(target), "--programs", "2"],
-                                capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [MAITRED, "demo", "--offline", "--db-file", str(target), "--programs", "2"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert result.returncode == 0, result.stderr
         assert "2 programs" in result.stdout
     assert is_demo_database(target)
@@ -128,6 +133,7 @@ def test_bad_flag_values_are_one_stderr_line_naming_the_flag_and_exit_2(argv, fl
 
 # -- databases: queries never create one; a path is a database; damage is named ------------------
 
+
 def _filled(path: Path) -> Path:
     _history(path)
     return path
@@ -165,7 +171,7 @@ def _corrupt(path: Path) -> None:
     data = bytearray(path.read_bytes())
     page = int.from_bytes(data[16:18], "big")
     for offset in range(page, len(data), page):
-        data[offset:offset + 64] = b"\xa5" * 64
+        data[offset : offset + 64] = b"\xa5" * 64
     path.write_bytes(bytes(data))
 
 
@@ -226,6 +232,7 @@ def test_db_upgrade_reports_a_sound_database_as_checked(tmp_path, capsys):
 
 # -- paths that cannot be opened are named -------------------------------------------------------
 
+
 def test_unwritable_outputs_name_the_path(tmp_path, capsys):
     db = _filled(tmp_path / "history.db")
     blocker = tmp_path / "a-file"
@@ -233,8 +240,11 @@ def test_unwritable_outputs_name_the_path(tmp_path, capsys):
     for argv, flag, path in (
         (["export", "--db", str(db), "--out", str(blocker / "t.jsonl")], "--out", blocker / "t.jsonl"),
         (["timeline", "real-work", "--db", str(db), "--png", str(blocker / "t.png")], "--png", blocker / "t.png"),
-        (["bench", "replay", "--trace", "synthetic:claude-code?programs=5", "--out", str(blocker / "bench")], "--out",
-         blocker / "bench"),
+        (
+            ["bench", "replay", "--trace", "synthetic:claude-code?programs=5", "--out", str(blocker / "bench")],
+            "--out",
+            blocker / "bench",
+        ),
         (["demo", "--db-file", str(blocker / "demo.db"), "--programs", "1"], "--db-file", blocker / "demo.db"),
     ):
         assert main(argv) == 1, argv
@@ -246,8 +256,10 @@ def test_unwritable_outputs_name_the_path(tmp_path, capsys):
 def test_unreadable_inputs_name_the_path(tmp_path, capsys):
     for argv, path in (
         (["bench", "replay", "--trace", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "o")], tmp_path / "none.jsonl"),
-        (["bench", "replay", "--trace", "synthetic", "--profile", str(tmp_path / "p.json"), "--out", str(tmp_path / "o")],
-         tmp_path / "p.json"),
+        (
+            ["bench", "replay", "--trace", "synthetic", "--profile", str(tmp_path / "p.json"), "--out", str(tmp_path / "o")],
+            tmp_path / "p.json",
+        ),
     ):
         assert main(argv) == 1
         assert str(path) in _one_stderr_line(capsys)

@@ -46,7 +46,11 @@ def record(scenario: str, **figures: Any) -> None:
 def run_child(*args: str, timeout: float = GUARD_S) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "tests.faults.test_emitter_faults", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
 
 
@@ -120,8 +124,12 @@ def test_configure_and_exit_do_not_wait_on_a_closed_port(kind):
     assert exited.returncode == 0, exited.stderr
     emitted = json.loads(exited.stdout.splitlines()[-1])["emitted"]
     assert not_delivered_at_shutdown(exited.stderr) == emitted
-    record(f"{kind} sink, closed port (configure, then exit)", emitted=figures["emitted"] + emitted, stored=0,
-           dropped=figures["replaced"]["dropped"] + not_delivered_at_shutdown(exited.stderr))
+    record(
+        f"{kind} sink, closed port (configure, then exit)",
+        emitted=figures["emitted"] + emitted,
+        stored=0,
+        dropped=figures["replaced"]["dropped"] + not_delivered_at_shutdown(exited.stderr),
+    )
 
 
 @pytest.mark.parametrize("kind", ["http", "postgresql"])
@@ -136,8 +144,12 @@ def test_configure_and_exit_wait_at_most_the_flush_timeout_on_a_hanging_port(kin
     assert exited.returncode == 0, exited.stderr
     emitted = json.loads(exited.stdout.splitlines()[-1])["emitted"]
     assert not_delivered_at_shutdown(exited.stderr) == emitted
-    record(f"{kind} sink, hanging port (configure, then exit)", emitted=figures["emitted"] + emitted, stored=0,
-           dropped=figures["replaced"]["dropped"] + not_delivered_at_shutdown(exited.stderr))
+    record(
+        f"{kind} sink, hanging port (configure, then exit)",
+        emitted=figures["emitted"] + emitted,
+        stored=0,
+        dropped=figures["replaced"]["dropped"] + not_delivered_at_shutdown(exited.stderr),
+    )
 
 
 @pytest.mark.timeout(120)
@@ -196,7 +208,10 @@ def test_a_writer_killed_mid_stream_leaves_a_sound_store_and_later_writers_conti
         program_id = f"killed-{run}"
         child = subprocess.Popen(
             [sys.executable, "-m", "tests.faults.test_emitter_faults", "stream", url, program_id, "20000", "0.0002"],
-            cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
         assert child.stdout is not None
         kill_after = rng.randrange(200, 10_000)
@@ -216,8 +231,14 @@ def test_a_writer_killed_mid_stream_leaves_a_sound_store_and_later_writers_conti
     assert finished.returncode == 0, finished.stderr
     stored, complete = stored_tool_calls(url, "after-the-kills")
     assert (stored, complete) == (1002, 500)  # a later writer continues, losing nothing
-    record(f"kill -9 mid-stream x5 ({url.split(':')[0]}), then a writer of 1,002 events", emitted=total_emitted,
-           stored=total_stored, dropped=0, lost_in_memory=total_emitted - total_stored, later_writer_stored=stored)
+    record(
+        f"kill -9 mid-stream x5 ({url.split(':')[0]}), then a writer of 1,002 events",
+        emitted=total_emitted,
+        stored=total_stored,
+        dropped=0,
+        lost_in_memory=total_emitted - total_stored,
+        later_writer_stored=stored,
+    )
 
 
 # -- concurrent first use ------------------------------------------------------------------------
@@ -232,7 +253,11 @@ def test_several_processes_writing_first_to_a_new_store_lose_nothing_quietly(fre
     children = [
         subprocess.Popen(
             [sys.executable, "-m", "tests.faults.test_emitter_faults", "first-use", url, f"first-{i}", "500"],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
         for i in range(4)
     ]
@@ -244,8 +269,12 @@ def test_several_processes_writing_first_to_a_new_store_lose_nothing_quietly(fre
         assert "CREATE TABLE" not in err and "Traceback" not in err and "pg_type" not in err, err
     stored = [stored_tool_calls(url, f"first-{i}") for i in range(4)]
     assert stored == [(1002, 500)] * 4
-    record(f"4 processes' first writes at once ({url.split(':')[0]})", emitted=4 * 1002,
-           stored=sum(n for n, _ in stored), dropped=sum(s["dropped"] for s in stats))
+    record(
+        f"4 processes' first writes at once ({url.split(':')[0]})",
+        emitted=4 * 1002,
+        stored=sum(n for n, _ in stored),
+        dropped=sum(s["dropped"] for s in stats),
+    )
 
 
 # -- the child processes ---------------------------------------------------------------------------
@@ -297,8 +326,17 @@ def child(argv: list[str]) -> None:
         maitred.configure(sinks=[Discard()])
         took = time.monotonic() - began
         stats = replaced.stats()
-        print(json.dumps({"emitted": emitted, "configure_returned": True, "configure_s": took,
-                          "replaced": {"delivered": stats.delivered, "dropped": stats.dropped}}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "emitted": emitted,
+                    "configure_returned": True,
+                    "configure_s": took,
+                    "replaced": {"delivered": stats.delivered, "dropped": stats.dropped},
+                }
+            ),
+            flush=True,
+        )
     elif scenario == "exit":
         kind, where, flush_timeout, how = argv[1:]
         _configure(kind, where, float(flush_timeout))

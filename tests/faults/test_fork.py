@@ -35,8 +35,13 @@ def write_rounds(side: str, start_r: int, ready_w: int) -> dict[str, Any]:
         emitted += emit_calls(f"{side}-{r}", CALLS)
         flushed.append(maitred.flush(timeout=30))
     (stats,) = maitred.stats()
-    return {"emitted": emitted, "flushed": flushed, "delivered": stats.delivered, "dropped": stats.dropped,
-            "last_error": stats.last_error}
+    return {
+        "emitted": emitted,
+        "flushed": flushed,
+        "delivered": stats.delivered,
+        "dropped": stats.dropped,
+        "last_error": stats.last_error,
+    }
 
 
 def child(start_r: int, ready_w: int, report_w: int) -> None:
@@ -83,7 +88,10 @@ def test_a_forked_child_and_its_parent_each_store_every_event_once(db_url):
     assert figures["flushed"] == [True] * ROUNDS
     with SessionStore(db_url) as store:
         assert store.check_integrity() == []
-        stored = {program_id: len(store.events(program_id)) for program_id in
-                  ["parent-before", "parent-after"] + [f"{side}-{r}" for side in ("parent", "child") for r in range(ROUNDS)]}
+        stored = {
+            program_id: len(store.events(program_id))
+            for program_id in ["parent-before", "parent-after"]
+            + [f"{side}-{r}" for side in ("parent", "child") for r in range(ROUNDS)]
+        }
         assert store.tool_stats().n == (2 + 2 * ROUNDS) * CALLS  # every call once, start and end joined
     assert stored == dict.fromkeys(stored, 2 * CALLS + 2)

@@ -58,9 +58,15 @@ def child(report_w: int) -> None:
         emitted = emit_calls("child", CALLS)
         flushed = maitred.flush(timeout=30)
         (stats,) = maitred.stats()
-        figures = {"emitted": emitted, "flushed": flushed, "delivered": stats.delivered, "dropped": stats.dropped,
-                   "last_error": stats.last_error, "shutdown": maitred.shutdown(timeout=30),
-                   "warnings": warnings.messages}
+        figures = {
+            "emitted": emitted,
+            "flushed": flushed,
+            "delivered": stats.delivered,
+            "dropped": stats.dropped,
+            "last_error": stats.last_error,
+            "shutdown": maitred.shutdown(timeout=30),
+            "warnings": warnings.messages,
+        }
         os.write(report_w, json.dumps(figures).encode())
         code = 0
     finally:

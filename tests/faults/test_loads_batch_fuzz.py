@@ -35,7 +35,10 @@ JSON = st.recursive(
     max_leaves=12,
 )
 REQUIRED: dict[str, dict[str, st.SearchStrategy[Any]]] = {
-    "program.start": {}, "program.end": {}, "program.wait": {}, "program.resume": {},
+    "program.start": {},
+    "program.end": {},
+    "program.wait": {},
+    "program.resume": {},
     "llm.start": {"request_id": ID},
     "llm.end": {"request_id": ID, "prompt_tokens": TOKENS, "completion_tokens": TOKENS},
     "tool.start": {"call_id": ID, "tool": ID},
@@ -52,8 +55,11 @@ OPTIONAL: dict[str, dict[str, st.SearchStrategy[Any]]] = {
     "tool.start": {"signature": ID, "deadline_s": st.floats(0.001, 1e6), "background": st.booleans()},
     "tool.progress": {"fraction": st.floats(0, 1), "eta_s": SECONDS},
     "tool.end": {"status": st.sampled_from(["ok", "error", "timeout", "interrupted"]), "duration_s": SECONDS},
-    "handoff": {"messages": st.lists(st.dictionaries(TEXT, JSON, max_size=3), max_size=3),
-                "context_tokens": TOKENS, "expected_prompt": TEXT},
+    "handoff": {
+        "messages": st.lists(st.dictionaries(TEXT, JSON, max_size=3), max_size=3),
+        "context_tokens": TOKENS,
+        "expected_prompt": TEXT,
+    },
     "program.wait": {"reason": TEXT},
 }
 

@@ -144,6 +144,7 @@ def _listening(target: Any, name: str, fn: Callable[..., None]) -> Iterator[None
 def silent_once_connected(proxy: FreezingProxy) -> AbstractContextManager[None]:
     """The proxy goes silent the moment a connection through it is in (authenticated), before
     the first query: a server that lets the client in and then answers nothing."""
+
     def connected(dbapi_connection: Any, _record: Any) -> None:
         if dbapi_connection.info.port == proxy.port:
             proxy.frozen.set()
@@ -154,6 +155,7 @@ def silent_once_connected(proxy: FreezingProxy) -> AbstractContextManager[None]:
 def silent_at_first_create(proxy: FreezingProxy) -> AbstractContextManager[None]:
     """The proxy goes silent just before the migrations send their first ``CREATE``: the
     statements before it were answered, so the deadline must hold across statements."""
+
     def sending(_conn: Any, _cursor: Any, statement: str, *_rest: Any) -> None:
         if statement.lstrip().upper().startswith("CREATE"):
             proxy.frozen.set()
@@ -181,7 +183,10 @@ READS: dict[str, Callable[[SessionStore, Path], Any]] = {
     "programs": lambda store, _: store.programs(),
     "program": lambda store, _: store.program("reads"),
     "events": lambda store, _: store.events("reads"),
-    "export_trace": lambda store, where: (store.export_trace(where / "t.jsonl"), (where / "t.jsonl").read_text().splitlines()[1:]),
+    "export_trace": lambda store, where: (
+        store.export_trace(where / "t.jsonl"),
+        (where / "t.jsonl").read_text().splitlines()[1:],
+    ),
     "revision": lambda store, _: store.revision(),
 }
 
@@ -202,8 +207,11 @@ def test_a_read_from_a_server_gone_silent_is_an_outage_and_the_same_store_reads_
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("query", [["stats", "tools"], ["programs"], ["timeline", "p"], ["export", "--out", "t.jsonl"],
-                                   ["db", "upgrade"]], ids=lambda q: q[0])
+@pytest.mark.parametrize(
+    "query",
+    [["stats", "tools"], ["programs"], ["timeline", "p"], ["export", "--out", "t.jsonl"], ["db", "upgrade"]],
+    ids=lambda q: q[0],
+)
 def test_a_query_command_on_a_silent_server_says_so_in_one_line_and_exits_1(proxied, query, tmp_path, monkeypatch, capsys):
     _, url, proxy = proxied
     monkeypatch.chdir(tmp_path)

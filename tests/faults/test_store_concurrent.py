@@ -16,10 +16,18 @@ def test_concurrent_first_use_stores_every_event_once_and_quietly(fresh_db, tmp_
     context = forkserver()
     start = context.Event()
     processes = [
-        context.Process(target=run_writer, args=(url, str(tmp_path / f"w{n}.txt")), kwargs={
-            "writer": f"w{n}", "batches": BATCHES, "size": SIZE, "shared": SHARED, "start": start,
-            "stderr": str(tmp_path / f"w{n}.err"),
-        })
+        context.Process(
+            target=run_writer,
+            args=(url, str(tmp_path / f"w{n}.txt")),
+            kwargs={
+                "writer": f"w{n}",
+                "batches": BATCHES,
+                "size": SIZE,
+                "shared": SHARED,
+                "start": start,
+                "stderr": str(tmp_path / f"w{n}.err"),
+            },
+        )
         for n in range(WRITERS)
     ]
     for process in processes:

@@ -57,9 +57,14 @@ def test_a_database_at_its_size_limit_refuses_the_whole_batch_as_an_outage(tmp_p
 @contextmanager
 def tiny_tmpfs(where: Path, size: str) -> Iterator[Path]:
     where.mkdir()
-    if shutil.which("mount") is None or subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True,
-    ).returncode != 0:
+    if (
+        shutil.which("mount") is None
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+            capture_output=True,
+        ).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a tmpfs here (needs root); the size-limited database case covers SQLITE_FULL")
     try:
         yield where

@@ -20,8 +20,9 @@ BATCHES, SIZE = 2, 40
 
 
 def _run(url: str, report: Path, *, kill_at: int = 0, batches: int = BATCHES) -> int | None:
-    process = forkserver().Process(target=run_writer, args=(url, str(report)),
-                                   kwargs={"writer": "w", "batches": batches, "size": SIZE, "kill_at": kill_at})
+    process = forkserver().Process(
+        target=run_writer, args=(url, str(report)), kwargs={"writer": "w", "batches": batches, "size": SIZE, "kill_at": kill_at}
+    )
     process.start()
     process.join(timeout=120)
     return process.exitcode
@@ -79,8 +80,9 @@ def test_a_kill_at_a_random_moment_mid_batch_loses_nothing_reported(fresh_db, tm
     url = fresh_db()
     for run in range(6):
         report = tmp_path / f"run-{run}.txt"
-        process = forkserver().Process(target=run_writer, args=(url, str(report)),
-                                       kwargs={"writer": f"w{run}", "batches": 10**6, "size": 400})
+        process = forkserver().Process(
+            target=run_writer, args=(url, str(report)), kwargs={"writer": f"w{run}", "batches": 10**6, "size": 400}
+        )
         process.start()
         deadline = time.monotonic() + 120
         while len(reported(report)[0]) < 2 and time.monotonic() < deadline and process.is_alive():

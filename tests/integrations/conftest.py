@@ -27,8 +27,11 @@ class Cluster:
 def cluster(tmp_path) -> Iterator[Callable[..., Cluster]]:
     """``cluster(workers=2, script_tools=True)``: sim-workers and a gateway in front, persisting to a fresh store."""
     with ExitStack() as stack:
+
         def make(*, workers: int = 2, script_tools: bool = True) -> Cluster:
-            running = local_cluster(workers=workers, script_tools=script_tools, db_url=f"sqlite:///{tmp_path / 'gateway.db'}",
-                                    time_scale=50.0)
+            running = local_cluster(
+                workers=workers, script_tools=script_tools, db_url=f"sqlite:///{tmp_path / 'gateway.db'}", time_scale=50.0
+            )
             return Cluster(stack.enter_context(running))
+
         yield make

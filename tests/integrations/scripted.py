@@ -17,14 +17,22 @@ def calls(*names_and_ids: tuple[str, str], args: dict[str, Any] | None = None, t
     """An assistant turn that calls tools (parallel when several): ``calls(("add", "call_1"))``."""
     return AIMessage(
         content="",
-        tool_calls=[{"name": name, "args": dict(args or {}), "id": call_id, "type": "tool_call"} for name, call_id in names_and_ids],
-        usage_metadata={"input_tokens": tokens[0], "output_tokens": tokens[1], "total_tokens": sum(tokens),
-                        "input_token_details": {"cache_read": tokens[0] // 2}},
+        tool_calls=[
+            {"name": name, "args": dict(args or {}), "id": call_id, "type": "tool_call"} for name, call_id in names_and_ids
+        ],
+        usage_metadata={
+            "input_tokens": tokens[0],
+            "output_tokens": tokens[1],
+            "total_tokens": sum(tokens),
+            "input_token_details": {"cache_read": tokens[0] // 2},
+        },
     )
 
 
 def answer(text: str, tokens: tuple[int, int] = (150, 12)) -> AIMessage:
-    return AIMessage(content=text, usage_metadata={"input_tokens": tokens[0], "output_tokens": tokens[1], "total_tokens": sum(tokens)})
+    return AIMessage(
+        content=text, usage_metadata={"input_tokens": tokens[0], "output_tokens": tokens[1], "total_tokens": sum(tokens)}
+    )
 
 
 class ScriptedChatModel(BaseChatModel):
@@ -48,7 +56,9 @@ class ScriptedChatModel(BaseChatModel):
         kwargs.pop("tool_choice", None)
         return self.bind(**kwargs)
 
-    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+    def _generate(
+        self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any
+    ) -> ChatResult:
         self._seen.append(kwargs)
         message = self.script[min(self._next, len(self.script) - 1)]
         self._next += 1

@@ -44,16 +44,25 @@ def mapped_session() -> list[Any]:
 def test_a_whole_session_maps_to_programs_tools_handoffs_and_a_human_wait():
     events = mapped_session()
     assert [e.TYPE for e in events] == [
-        "program.start", "program.resume",
-        "tool.start", "tool.end",                      # Bash pytest
-        "tool.start",                                  # Agent (stays open while the child runs)
-        "program.start", "handoff",                    # SubagentStart
-        "tool.start", "tool.end",                      # Grep inside the subagent
-        "program.end", "handoff",                      # SubagentStop: child ends, hand-back
-        "tool.end",                                    # Agent returns
-        "tool.start", "tool.end",                      # Edit fails
-        "tool.start", "tool.end",                      # Monitor
-        "program.wait", "program.resume", "program.end",
+        "program.start",
+        "program.resume",
+        "tool.start",
+        "tool.end",  # Bash pytest
+        "tool.start",  # Agent (stays open while the child runs)
+        "program.start",
+        "handoff",  # SubagentStart
+        "tool.start",
+        "tool.end",  # Grep inside the subagent
+        "program.end",
+        "handoff",  # SubagentStop: child ends, hand-back
+        "tool.end",  # Agent returns
+        "tool.start",
+        "tool.end",  # Edit fails
+        "tool.start",
+        "tool.end",  # Monitor
+        "program.wait",
+        "program.resume",
+        "program.end",
     ]
     bash_start, bash_end = events[2], events[3]
     assert isinstance(bash_start, ToolStart) and isinstance(bash_end, ToolEnd)
@@ -68,7 +77,12 @@ def test_a_whole_session_maps_to_programs_tools_handoffs_and_a_human_wait():
     child_start, handoff = events[5], events[6]
     assert isinstance(child_start, ProgramStart) and isinstance(handoff, Handoff)
     assert (child_start.program_id, child_start.parent_program_id, child_start.agent) == (CHILD, SESSION, "Explore")
-    assert (handoff.program_id, handoff.from_agent, handoff.to_agent, handoff.child_program_id) == (SESSION, "main", "Explore", CHILD)
+    assert (handoff.program_id, handoff.from_agent, handoff.to_agent, handoff.child_program_id) == (
+        SESSION,
+        "main",
+        "Explore",
+        CHILD,
+    )
 
     grep_start, grep_end = events[7], events[8]
     assert (grep_start.program_id, grep_start.agent, grep_start.call_id) == (CHILD, "Explore", "toolu_01Grep1")
@@ -87,14 +101,17 @@ def test_a_whole_session_maps_to_programs_tools_handoffs_and_a_human_wait():
     assert [e.ts for e in events] == sorted(e.ts for e in events)
 
 
-@pytest.mark.parametrize(("name", "expect"), [
-    ("pre_tool_use_bash_background.json", {"type": "tool.start", "background": True, "signature": "Bash:npm"}),
-    ("pre_tool_use_monitor_persistent.json", {"type": "tool.start", "signature": "Monitor:gh"}),
-    ("post_tool_use_failure_interrupt.json", {"type": "tool.end", "status": "interrupted", "duration_s": 2.21}),
-    ("post_tool_use_failure_timeout.json", {"type": "tool.end", "status": "timeout"}),
-    ("stop_failure.json", {"type": "program.wait", "reason": "api_error"}),
-    ("user_prompt_submit_wakeup.json", {"type": "program.resume"}),
-])
+@pytest.mark.parametrize(
+    ("name", "expect"),
+    [
+        ("pre_tool_use_bash_background.json", {"type": "tool.start", "background": True, "signature": "Bash:npm"}),
+        ("pre_tool_use_monitor_persistent.json", {"type": "tool.start", "signature": "Monitor:gh"}),
+        ("post_tool_use_failure_interrupt.json", {"type": "tool.end", "status": "interrupted", "duration_s": 2.21}),
+        ("post_tool_use_failure_timeout.json", {"type": "tool.end", "status": "timeout"}),
+        ("stop_failure.json", {"type": "program.wait", "reason": "api_error"}),
+        ("user_prompt_submit_wakeup.json", {"type": "program.resume"}),
+    ],
+)
 def test_edge_payloads_map_as_documented(name, expect):
     [wire] = wire_events(fixture(name), T0)
     assert {k: wire.get(k) for k in expect} == expect
@@ -107,19 +124,33 @@ def test_payloads_that_start_no_wait_or_program_map_to_nothing(name):
     assert to_events(fixture(name), T0) == []
 
 
-@pytest.mark.parametrize(("payload", "field"), [
-    ([1, 2], "payload"),
-    ({"hook_event_name": "PreToolUse"}, "session_id"),
-    ({"session_id": "s", "hook_event_name": 7}, "hook_event_name"),
-    ({"session_id": "s", "hook_event_name": "PreToolUse", "tool_name": "Bash"}, "tool_use_id"),
-    ({"session_id": "s", "hook_event_name": "PreToolUse", "tool_name": "Bash", "tool_use_id": "t",
-      "tool_input": {"command": "ls", "timeout": "120000"}}, "tool_input.timeout"),
-    ({"session_id": "s", "hook_event_name": "PreToolUse", "tool_name": "Bash", "tool_use_id": "t", "tool_input": "ls"}, "tool_input"),
-    ({"session_id": "s", "hook_event_name": "PostToolUse", "tool_use_id": "t", "duration_ms": -4}, "duration_ms"),
-    ({"session_id": "s", "hook_event_name": "Stop", "background_tasks": {"id": "x"}}, "background_tasks"),
-    ({"session_id": "s", "hook_event_name": "SubagentStart", "agent_type": "Explore"}, "agent_id"),
-    ({"session_id": "s", "hook_event_name": "PreToolUse", "tool_name": "Read", "tool_use_id": "t" * 300}, "tool_use_id"),
-])
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ([1, 2], "payload"),
+        ({"hook_event_name": "PreToolUse"}, "session_id"),
+        ({"session_id": "s", "hook_event_name": 7}, "hook_event_name"),
+        ({"session_id": "s", "hook_event_name": "PreToolUse", "tool_name": "Bash"}, "tool_use_id"),
+        (
+            {
+                "session_id": "s",
+                "hook_event_name": "PreToolUse",
+                "tool_name": "Bash",
+                "tool_use_id": "t",
+                "tool_input": {"command": "ls", "timeout": "120000"},
+            },
+            "tool_input.timeout",
+        ),
+        (
+            {"session_id": "s", "hook_event_name": "PreToolUse", "tool_name": "Bash", "tool_use_id": "t", "tool_input": "ls"},
+            "tool_input",
+        ),
+        ({"session_id": "s", "hook_event_name": "PostToolUse", "tool_use_id": "t", "duration_ms": -4}, "duration_ms"),
+        ({"session_id": "s", "hook_event_name": "Stop", "background_tasks": {"id": "x"}}, "background_tasks"),
+        ({"session_id": "s", "hook_event_name": "SubagentStart", "agent_type": "Explore"}, "agent_id"),
+        ({"session_id": "s", "hook_event_name": "PreToolUse", "tool_name": "Read", "tool_use_id": "t" * 300}, "tool_use_id"),
+    ],
+)
 def test_malformed_payloads_raise_naming_the_field(payload, field):
     with pytest.raises(HookPayloadError) as info:
         to_events(payload, T0)
@@ -127,14 +158,17 @@ def test_malformed_payloads_raise_naming_the_field(payload, field):
     assert str(info.value).startswith(field)
 
 
-@pytest.mark.parametrize(("command", "word"), [
-    ("pytest -x tests", "pytest"),
-    ("  PYTHONPATH=. CI=1 python -m pytest", "python"),
-    ("cd /repo && npm test", "npm"),
-    ("/usr/local/bin/cargo build", "cargo"),
-    ("cd /repo", "cd"),
-    ("   ", None),
-])
+@pytest.mark.parametrize(
+    ("command", "word"),
+    [
+        ("pytest -x tests", "pytest"),
+        ("  PYTHONPATH=. CI=1 python -m pytest", "python"),
+        ("cd /repo && npm test", "npm"),
+        ("/usr/local/bin/cargo build", "cargo"),
+        ("cd /repo", "cd"),
+        ("   ", None),
+    ],
+)
 def test_signature_takes_the_program_a_command_runs(command, word):
     assert command_word(command) == word
 
@@ -157,7 +191,9 @@ def test_handle_payload_writes_the_session_through_the_emitter_to_the_store(db_u
     [wait] = [s for s in parent.spans if s.kind == "wait"]
     assert wait.end is not None and wait.end - wait.start == pytest.approx(1.0)
     assert [(h["from_agent"], h["to_agent"], h["child_program_id"]) for h in parent.handoffs] == [
-        ("main", "Explore", CHILD), ("Explore", "main", None)]
+        ("main", "Explore", CHILD),
+        ("Explore", "main", None),
+    ]
     assert child.program.parent_program_id == SESSION
     assert [s.detail["call_id"] for s in child.spans if s.kind == "tool"] == ["toolu_01Grep1"]
 
@@ -170,7 +206,11 @@ def hook(payload: bytes | str, *args: str, env: dict[str, str] | None = None) ->
     data = payload if isinstance(payload, str) else payload.decode()
     return subprocess.run(
         [sys.executable, "-m", "maitred.integrations.claude_code", *args],
-        input=data, capture_output=True, text=True, timeout=60, env={**clean, **(env or {})},
+        input=data,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**clean, **(env or {})},
     )
 
 
@@ -207,11 +247,14 @@ def test_command_hook_hands_the_store_write_to_a_detached_process(tmp_path):
     assert [(e["type"], e["call_id"], e["signature"]) for e in found] == [("tool.start", "toolu_01Bash1", "Bash:pytest")]
 
 
-@pytest.mark.parametrize(("payload", "says"), [
-    ("{not json", "not JSON"),
-    ('{"hook_event_name": "PreToolUse", "session_id": "s", "tool_name": "Bash"}', "tool_use_id"),
-    ("", "not JSON"),
-])
+@pytest.mark.parametrize(
+    ("payload", "says"),
+    [
+        ("{not json", "not JSON"),
+        ('{"hook_event_name": "PreToolUse", "session_id": "s", "tool_name": "Bash"}', "tool_use_id"),
+        ("", "not JSON"),
+    ],
+)
 def test_malformed_payload_logs_one_line_and_exits_0(tmp_path, payload, says):
     url = f"sqlite:///{tmp_path / 'x.db'}"
     done = hook(payload, "--foreground", env={"MAITRED_DB": url})

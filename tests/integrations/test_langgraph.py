@@ -70,10 +70,12 @@ def config(thread: str) -> dict:
 
 
 def test_create_agent_records_tool_calls_with_the_models_ids_and_tags_each_model_request(sink):
-    model = ScriptedChatModel(script=[
-        calls(("add", "call_add_1"), ("grep", "call_grep_1"), args={}),
-        answer("done"),
-    ])
+    model = ScriptedChatModel(
+        script=[
+            calls(("add", "call_add_1"), ("grep", "call_grep_1"), args={}),
+            answer("done"),
+        ]
+    )
     model.script[0].tool_calls[0]["args"] = {"a": 2, "b": 3}
     model.script[0].tool_calls[1]["args"] = {"pattern": "total"}
     agent = create_agent(model, [add, grep], name="coder", middleware=[MaitredMiddleware()])
@@ -83,7 +85,10 @@ def test_create_agent_records_tool_calls_with_the_models_ids_and_tags_each_model
     starts = {e.call_id: e for e in sink.of_type("tool.start")}
     ends = {e.call_id: e for e in sink.of_type("tool.end")}
     assert set(starts) == set(ends) == {"call_add_1", "call_grep_1"}
-    assert {(e.tool, e.agent, e.program_id) for e in starts.values()} == {("add", "coder", "thread-7"), ("grep", "coder", "thread-7")}
+    assert {(e.tool, e.agent, e.program_id) for e in starts.values()} == {
+        ("add", "coder", "thread-7"),
+        ("grep", "coder", "thread-7"),
+    }
     assert all(e.status == "ok" and e.duration_s >= 0 for e in ends.values())
     llm_starts, llm_ends = sink.of_type("llm.start"), sink.of_type("llm.end")
     assert len(llm_starts) == len(llm_ends) == 2
@@ -97,10 +102,12 @@ def test_create_agent_records_tool_calls_with_the_models_ids_and_tags_each_model
 def test_async_agent_uses_the_async_hooks(sink):
     model = ScriptedChatModel(script=[calls(("fetch", "call_fetch_1"), args={"url": "http://x"}), answer("ok")])
     agent = create_agent(model, [fetch], name="reader", middleware=[MaitredMiddleware()])
-    result = asyncio.run(agent.ainvoke(
-        {"messages": [{"role": "user", "content": "go"}]},
-        {"configurable": {"thread_id": "t-async"}, "metadata": {"program_id": "prog-async"}},
-    ))
+    result = asyncio.run(
+        agent.ainvoke(
+            {"messages": [{"role": "user", "content": "go"}]},
+            {"configurable": {"thread_id": "t-async"}, "metadata": {"program_id": "prog-async"}},
+        )
+    )
     assert result["messages"][-1].content == "ok"
     [start] = flushed(sink).of_type("tool.start")
     assert (start.call_id, start.tool, start.agent, start.program_id) == ("call_fetch_1", "fetch", "reader", "prog-async")
@@ -138,10 +145,12 @@ def test_telemetry_failures_never_reach_the_agent(sink, monkeypatch):
 
 def swarm(middleware: bool) -> tuple:
     extra = {"middleware": [MaitredMiddleware()]} if middleware else {}
-    alice_model = ScriptedChatModel(script=[
-        calls(("add", "call_alice_add"), args={"a": 1, "b": 2}),
-        calls(("transfer_to_bob", "call_to_bob")),
-    ])
+    alice_model = ScriptedChatModel(
+        script=[
+            calls(("add", "call_alice_add"), args={"a": 1, "b": 2}),
+            calls(("transfer_to_bob", "call_to_bob")),
+        ]
+    )
     bob_model = ScriptedChatModel(script=[calls(("grep", "call_bob_grep"), args={"pattern": "x"}), answer("bob is done")])
     alice = create_agent(alice_model, [add, create_handoff_tool(agent_name="bob")], name="alice", **extra)
     bob = create_agent(bob_model, [grep], name="bob", **extra)
@@ -169,19 +178,24 @@ def test_parallel_handoffs_with_send_are_one_event_each(sink):
     def fan_out(tool_call_id: Annotated[str, InjectedToolCallId]) -> Command:
         """Ask bob and carol at once."""
         note = ToolMessage("sent", tool_call_id=tool_call_id)
-        return Command(graph=Command.PARENT, goto=[
-            Send("bob", {"messages": [HumanMessage("bob: check the tests"), note]}),
-            Send("carol", {"messages": [HumanMessage("carol: check the docs")]}),
-        ])
+        return Command(
+            graph=Command.PARENT,
+            goto=[
+                Send("bob", {"messages": [HumanMessage("bob: check the tests"), note]}),
+                Send("carol", {"messages": [HumanMessage("carol: check the docs")]}),
+            ],
+        )
 
-    lead = create_agent(ScriptedChatModel(script=[calls(("fan_out", "call_fan"))]), [fan_out], name="lead",
-                        middleware=[MaitredMiddleware()])
+    lead = create_agent(
+        ScriptedChatModel(script=[calls(("fan_out", "call_fan"))]), [fan_out], name="lead", middleware=[MaitredMiddleware()]
+    )
     seen: dict[str, str] = {}
 
     def worker(name: str):
         def run(state: MessagesState) -> dict:
             seen[name] = state["messages"][0].content
             return {}
+
         return run
 
     graph = StateGraph(MessagesState)
@@ -206,8 +220,7 @@ def test_handoff_targets_ignore_commands_for_the_own_graph():
 
 def test_callback_handler_records_a_swarm_without_middleware_and_no_double_handoff(sink):
     app, _, _ = swarm(middleware=False)
-    app.invoke({"messages": [{"role": "user", "content": "go"}]},
-               {**config("swarm-cb"), "callbacks": [MaitredCallbackHandler()]})
+    app.invoke({"messages": [{"role": "user", "content": "go"}]}, {**config("swarm-cb"), "callbacks": [MaitredCallbackHandler()]})
     flushed(sink)
     assert {e.call_id for e in sink.of_type("tool.start")} == {"call_alice_add", "call_to_bob", "call_bob_grep"}
     assert [(h.from_agent, h.to_agent) for h in sink.of_type("handoff")] == [("alice", "bob")]
@@ -223,10 +236,14 @@ def test_supervisor_handoffs_and_the_hand_back_reach_the_callback_handler(sink):
 
         math_model = ScriptedChatModel(script=[calls(("add", "call_math_add"), args={"a": 20, "b": 22}), answer("42")])
         math_agent = create_react_agent(math_model, [add], name="math_expert")
-        supervisor_model = ScriptedChatModel(script=[calls(("transfer_to_math_expert", "call_to_math")), answer("the answer is 42")])
+        supervisor_model = ScriptedChatModel(
+            script=[calls(("transfer_to_math_expert", "call_to_math")), answer("the answer is 42")]
+        )
         app = create_supervisor([math_agent], model=supervisor_model, supervisor_name="supervisor").compile()
-    result = app.invoke({"messages": [{"role": "user", "content": "what is 20+22?"}]},
-                        {**config("sup-1"), "callbacks": [MaitredCallbackHandler()]})
+    result = app.invoke(
+        {"messages": [{"role": "user", "content": "what is 20+22?"}]},
+        {**config("sup-1"), "callbacks": [MaitredCallbackHandler()]},
+    )
     assert result["messages"][-1].content == "the answer is 42"
     flushed(sink)
     handoffs = sink.of_type("handoff")
@@ -260,6 +277,7 @@ def test_model_name_is_read_from_the_model_or_the_model_it_binds() -> None:
 
 def test_a_model_request_stays_tagged_when_its_events_cannot_be_recorded(sink, monkeypatch):
     """The gateway schedules by the tag, so a failing emitter must not take it off the request."""
+
     def broken(*args, **kwargs):
         raise RuntimeError("emitter exploded")
 
@@ -276,12 +294,23 @@ def test_the_tagged_request_is_what_override_makes_and_the_original_is_untouched
     from langchain.agents.middleware import ModelRequest
     from langchain_core.messages import SystemMessage
 
-    request = ModelRequest(model=ScriptedChatModel(script=[answer("x")]), messages=[HumanMessage("hi")],
-                           system_message=SystemMessage("be brief"), tool_choice="auto", tools=[add],
-                           state={"messages": []}, model_settings={"extra_body": {"top_k": 5}, "temperature": 0})
+    request = ModelRequest(
+        model=ScriptedChatModel(script=[answer("x")]),
+        messages=[HumanMessage("hi")],
+        system_message=SystemMessage("be brief"),
+        tool_choice="auto",
+        tools=[add],
+        state={"messages": []},
+        model_settings={"extra_body": {"top_k": 5}, "temperature": 0},
+    )
     tagged = mlg._tagged(request, "p-1")
-    expected = request.override(model_settings={"extra_body": {"top_k": 5, "program_id": "p-1"}, "temperature": 0,
-                                                "extra_headers": {"x-program-id": "p-1"}})
+    expected = request.override(
+        model_settings={
+            "extra_body": {"top_k": 5, "program_id": "p-1"},
+            "temperature": 0,
+            "extra_headers": {"x-program-id": "p-1"},
+        }
+    )
     assert type(tagged) is type(expected) and tagged == expected and vars(tagged) == vars(expected)
     assert request.model_settings == {"extra_body": {"top_k": 5}, "temperature": 0}
 

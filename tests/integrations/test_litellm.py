@@ -41,8 +41,12 @@ class Proxy:
 
     def chat(self, program_id: str, *, stream: bool = False, how: str = "metadata", words: int = 20) -> tuple[str, str]:
         """One chat request of ``program_id``; returns (the deployment's api_base, the text)."""
-        body: dict[str, Any] = {"model": "sim", "messages": [{"role": "user", "content": f"{program_id}: " + "fix the test " * words}],
-                                "max_tokens": 8, "stream": stream}
+        body: dict[str, Any] = {
+            "model": "sim",
+            "messages": [{"role": "user", "content": f"{program_id}: " + "fix the test " * words}],
+            "max_tokens": 8,
+            "stream": stream,
+        }
         headers = {"authorization": f"Bearer {self.key}"}
         if how == "metadata":
             body["metadata"] = {"program_id": program_id}
@@ -83,18 +87,29 @@ def proxy(tmp_path_factory) -> Iterator[Proxy]:
     with ExitStack() as stack:
         db_url = f"sqlite:///{tmp / 'gateway.db'}"
         # No overcommit: the held-program test needs both workers' GPUs full with two programs.
-        cluster = stack.enter_context(local_cluster(gpu_tokens=GPU_TOKENS, script_tools=False, db_url=db_url, time_scale=50.0,
-                                                    overcommit_headroom=0.0))
+        cluster = stack.enter_context(
+            local_cluster(gpu_tokens=GPU_TOKENS, script_tools=False, db_url=db_url, time_scale=50.0, overcommit_headroom=0.0)
+        )
         sims = cluster.worker_urls
         config = tmp / "config.yaml"
-        config.write_text(EXAMPLE.read_text().replace("http://127.0.0.1:30001", sims[0]).replace("http://127.0.0.1:30002", sims[1]))
+        config.write_text(
+            EXAMPLE.read_text().replace("http://127.0.0.1:30001", sims[0]).replace("http://127.0.0.1:30002", sims[1])
+        )
         port, key = free_port(), "sk-" + secrets.token_hex(16)
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("MAITRED_")},
-               "LITELLM_MASTER_KEY": key, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "MAITRED_URL": cluster.gateway_url}
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("MAITRED_")},
+            "LITELLM_MASTER_KEY": key,
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "MAITRED_URL": cluster.gateway_url,
+        }
         log = stack.enter_context(open(tmp / "proxy.log", "w"))
         litellm_cli = Path(sys.executable).with_name("litellm")
-        process = subprocess.Popen([str(litellm_cli), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
-                                   env=env, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [str(litellm_cli), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             wait_http(f"http://127.0.0.1:{port}/health/liveliness", timeout_s=240, process=process)
             yield Proxy(f"http://127.0.0.1:{port}", key, cluster.gateway_url, [normalize_base(s) or "" for s in sims], db_url)

@@ -27,13 +27,19 @@ from tests.helpers import ListSink
 
 
 def tool_call(name: str, call_id: str, arguments: str = "{}") -> ResponseFunctionToolCall:
-    return ResponseFunctionToolCall(arguments=arguments, call_id=call_id, name=name, type="function_call",
-                                    id=f"fc_{call_id}", status="completed")
+    return ResponseFunctionToolCall(
+        arguments=arguments, call_id=call_id, name=name, type="function_call", id=f"fc_{call_id}", status="completed"
+    )
 
 
 def text(reply: str) -> ResponseOutputMessage:
-    return ResponseOutputMessage(id="msg_1", role="assistant", status="completed", type="message",
-                                 content=[ResponseOutputText(text=reply, type="output_text", annotations=[])])
+    return ResponseOutputMessage(
+        id="msg_1",
+        role="assistant",
+        status="completed",
+        type="message",
+        content=[ResponseOutputText(text=reply, type="output_text", annotations=[])],
+    )
 
 
 class ScriptedModel(Model):
@@ -45,23 +51,46 @@ class ScriptedModel(Model):
         self.responses = responses
         self.name = name
 
-    async def get_response(self, system_instructions, input, model_settings, tools, output_schema, handoffs, tracing, *,
-                           previous_response_id=None, conversation_id=None, prompt=None) -> ModelResponse:
+    async def get_response(
+        self,
+        system_instructions,
+        input,
+        model_settings,
+        tools,
+        output_schema,
+        handoffs,
+        tracing,
+        *,
+        previous_response_id=None,
+        conversation_id=None,
+        prompt=None,
+    ) -> ModelResponse:
         output = next(self.script)
-        usage = Usage(requests=1, input_tokens=200, output_tokens=10, total_tokens=210,
-                      input_tokens_details=InputTokensDetails(cached_tokens=128, cache_write_tokens=0),
-                      output_tokens_details=OutputTokensDetails(reasoning_tokens=0))
+        usage = Usage(
+            requests=1,
+            input_tokens=200,
+            output_tokens=10,
+            total_tokens=210,
+            input_tokens_details=InputTokensDetails(cached_tokens=128, cache_write_tokens=0),
+            output_tokens_details=OutputTokensDetails(reasoning_tokens=0),
+        )
         if self.responses:
             with response_span() as span:
                 span.span_data.response = Response.model_construct(
-                    id="resp_1", model=self.name, output=output, usage=ResponseUsage(
-                        input_tokens=200, output_tokens=10, total_tokens=210,
+                    id="resp_1",
+                    model=self.name,
+                    output=output,
+                    usage=ResponseUsage(
+                        input_tokens=200,
+                        output_tokens=10,
+                        total_tokens=210,
                         input_tokens_details=InputTokensDetails(cached_tokens=128, cache_write_tokens=0),
-                        output_tokens_details=OutputTokensDetails(reasoning_tokens=0)))
+                        output_tokens_details=OutputTokensDetails(reasoning_tokens=0),
+                    ),
+                )
         else:
             with generation_span(model=self.name) as span:
-                span.span_data.usage = {"input_tokens": 200, "output_tokens": 10,
-                                        "input_tokens_details": {"cached_tokens": 128}}
+                span.span_data.usage = {"input_tokens": 200, "output_tokens": 10, "input_tokens_details": {"cached_tokens": 128}}
         return ModelResponse(output=output, usage=usage, response_id=None)
 
     def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
@@ -88,13 +117,29 @@ def run(agent: Agent, processor: MaitredTracingProcessor, hooks: Any = None, gro
 
 
 def agents_pair(responses: bool = False) -> Agent:
-    billing = Agent(name="billing", instructions="billing", tools=[lookup_order], model=ScriptedModel([
-        [tool_call("lookup_order", "call_lookup_1", '{"order_id": "17"}')],
-        [text("It shipped.")],
-    ], responses=responses))
-    return Agent(name="triage", instructions="route", handoffs=[billing], model=ScriptedModel([
-        [tool_call("transfer_to_billing", "call_handoff_1")],
-    ], responses=responses))
+    billing = Agent(
+        name="billing",
+        instructions="billing",
+        tools=[lookup_order],
+        model=ScriptedModel(
+            [
+                [tool_call("lookup_order", "call_lookup_1", '{"order_id": "17"}')],
+                [text("It shipped.")],
+            ],
+            responses=responses,
+        ),
+    )
+    return Agent(
+        name="triage",
+        instructions="route",
+        handoffs=[billing],
+        model=ScriptedModel(
+            [
+                [tool_call("transfer_to_billing", "call_handoff_1")],
+            ],
+            responses=responses,
+        ),
+    )
 
 
 def test_runner_records_tools_with_their_call_ids_handoffs_and_model_calls(sink):

@@ -55,14 +55,21 @@ def test_langgraph_swarm_through_the_gateway_carries_the_program_id_on_every_req
         return f"cart.py:12: {pattern}"
 
     def model() -> ChatOpenAI:
-        return ChatOpenAI(base_url=f"{c.url}/v1", api_key="unused", model="maitred-sim-worker", max_tokens=32,
-                          http_client=client, max_retries=0)
+        return ChatOpenAI(
+            base_url=f"{c.url}/v1", api_key="unused", model="maitred-sim-worker", max_tokens=32, http_client=client, max_retries=0
+        )
 
-    alice = create_agent(model(), [add, create_handoff_tool(agent_name="bob")], name="alice", middleware=[MaitredMiddleware(record_model_calls=False)])
+    alice = create_agent(
+        model(),
+        [add, create_handoff_tool(agent_name="bob")],
+        name="alice",
+        middleware=[MaitredMiddleware(record_model_calls=False)],
+    )
     bob = create_agent(model(), [grep], name="bob", middleware=[MaitredMiddleware(record_model_calls=False)])
     app = create_swarm([alice, bob], default_active_agent="alice").compile()
-    result = app.invoke({"messages": [{"role": "user", "content": "add, then hand over to bob"}]},
-                        {"configurable": {"thread_id": "swarm-gw"}})
+    result = app.invoke(
+        {"messages": [{"role": "user", "content": "add, then hand over to bob"}]}, {"configurable": {"thread_id": "swarm-gw"}}
+    )
     assert result["messages"][-1].content.startswith("Finished after")
     assert maitred.flush(timeout=10)
 
@@ -74,8 +81,15 @@ def test_langgraph_swarm_through_the_gateway_carries_the_program_id_on_every_req
     info = c.program("swarm-gw")
     assert info is not None and info["worker"] in c.worker_urls
     with SessionStore(c.db_url) as store:
-        timeline = until(lambda: (t := store.program("swarm-gw")) and len(t.handoffs) == 1
-                         and len([s for s in t.spans if s.kind == "llm" and s.end]) == 4 and t, what="the swarm in the store")
+        timeline = until(
+            lambda: (
+                (t := store.program("swarm-gw"))
+                and len(t.handoffs) == 1
+                and len([s for s in t.spans if s.kind == "llm" and s.end]) == 4
+                and t
+            ),
+            what="the swarm in the store",
+        )
     tools = {s.detail["call_id"]: (s.name, s.agent) for s in timeline.spans if s.kind == "tool"}
     assert sorted(tools.values()) == [("add", "alice"), ("grep", "bob"), ("transfer_to_bob", "alice")]
     assert all(call_id.startswith("call_") for call_id in tools)
@@ -100,18 +114,35 @@ def test_claude_code_http_hook_payloads_drive_the_runtime(cluster):
         bad = client.post("/v1/hooks/claude-code", json={"hook_event_name": "PreToolUse", "session_id": "s", "tool_name": "Bash"})
         assert bad.status_code == 400 and "tool_use_id" in bad.text
     with SessionStore(c.db_url) as store:
-        timeline = until(lambda: (t := store.program(SESSION)) and len([s for s in t.spans if s.kind == "tool"]) == 4 and t,
-                         what="the session in the store")
+        timeline = until(
+            lambda: (t := store.program(SESSION)) and len([s for s in t.spans if s.kind == "tool"]) == 4 and t,
+            what="the session in the store",
+        )
     assert {s.detail["call_id"] for s in timeline.spans if s.kind == "tool"} == {
-        "toolu_01Bash1", "toolu_01Agent1", "toolu_01Edit1", "toolu_01Mon1"}
+        "toolu_01Bash1",
+        "toolu_01Agent1",
+        "toolu_01Edit1",
+        "toolu_01Mon1",
+    }
 
 
 def test_claude_code_command_hook_reaches_the_running_runtime(cluster):
     c = cluster()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAITRED_")}
     payload = json.loads((FIXTURES / "session.jsonl").read_text().splitlines()[2])
-    done = subprocess.run([sys.executable, "-m", "maitred.integrations.claude_code"], input=json.dumps(payload),
-                          capture_output=True, text=True, timeout=60, env={**env, "MAITRED_URL": c.url})
+    done = subprocess.run(
+        [sys.executable, "-m", "maitred.integrations.claude_code"],
+        input=json.dumps(payload),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "MAITRED_URL": c.url},
+    )
     assert (done.returncode, done.stderr) == (0, "")
     info = c.program(SESSION)
-    assert info["tool"] == {"call_id": "toolu_01Bash1", "tool": "Bash", "signature": "Bash:pytest", "started": info["tool"]["started"]}
+    assert info["tool"] == {
+        "call_id": "toolu_01Bash1",
+        "tool": "Bash",
+        "signature": "Bash:pytest",
+        "started": info["tool"]["started"],
+    }

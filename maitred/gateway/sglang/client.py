@@ -172,7 +172,8 @@ def parse_server_info(body: dict) -> WorkerCapacity:
         gpu_tokens = _count(info["max_total_num_tokens"], "server_info.max_total_num_tokens") * dp_size
     else:
         raise WorkerProtocolError(
-            "server_info: neither max_total_num_tokens nor internal_states[].memory_usage.token_capacity is present")
+            "server_info: neither max_total_num_tokens nor internal_states[].memory_usage.token_capacity is present"
+        )
     model_path = info.get("model_path")
     if model_path is not None and not isinstance(model_path, str):
         raise WorkerProtocolError(f"server_info.model_path: expected a string, got {model_path!r}")
@@ -248,8 +249,15 @@ class SGLangClient:
     """One SGLang server seen through HTTP. The ``httpx.AsyncClient`` is the caller's (shared
     connection pool, its limits and transport); each call sets its own timeout."""
 
-    def __init__(self, url: str, client: httpx.AsyncClient, *, timeout_s: float = 5.0, health_timeout_s: float = 1.0,
-                 warmup_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        client: httpx.AsyncClient,
+        *,
+        timeout_s: float = 5.0,
+        health_timeout_s: float = 1.0,
+        warmup_timeout_s: float = 60.0,
+    ) -> None:
         self.url = url.rstrip("/")
         self._client = client
         self._timeout = timeout_s
@@ -317,8 +325,9 @@ class SGLangClient:
             raise WorkerProtocolError(f"{self.url}/generate: body is not JSON") from None
         return cached_tokens(payload)
 
-    async def tokenize(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
-                       add_generation_prompt: bool = False) -> list[int]:
+    async def tokenize(
+        self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None, add_generation_prompt: bool = False
+    ) -> list[int]:
         """Token ids of ``messages`` under the worker's own chat template (``POST /v1/tokenize``).
         Without the generation prompt (the default) they are a prefix of any request that
         continues these messages, so ``warmup(ids)`` warms exactly what that request will reuse."""

@@ -52,10 +52,10 @@ class KVEventError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class KVEvent:
-    kind: str                         # BlockStored, BlockRemoved or AllBlocksCleared
+    kind: str  # BlockStored, BlockRemoved or AllBlocksCleared
     block_hashes: tuple[int, ...] = ()
     parent_block_hash: int | None = None
-    tokens: int = 0                   # len(token_ids) for BlockStored
+    tokens: int = 0  # len(token_ids) for BlockStored
     block_size: int = 0
     medium: str = GPU
     session_id: str | None = None
@@ -93,8 +93,9 @@ def _event(raw: Any, where: str) -> KVEvent | None:
         raise KVEventError(f"{where}.parent_block_hash: expected an integer or nil")
     block_size = raw.get("block_size") or 0
     session = raw.get("session_id")
-    return KVEvent(kind, tuple(hashes), parent, len(token_ids), int(block_size), medium,
-                   session if isinstance(session, str) else None)
+    return KVEvent(
+        kind, tuple(hashes), parent, len(token_ids), int(block_size), medium, session if isinstance(session, str) else None
+    )
 
 
 def decode_batch(payload: bytes) -> EventBatch:
@@ -119,7 +120,7 @@ def decode_batch(payload: bytes) -> EventBatch:
 class _Block:
     parent: int | None
     tokens: int
-    depth: int                       # tokens from the root through this block
+    depth: int  # tokens from the root through this block
     media: set[str]
     session: str | None
 
@@ -132,9 +133,9 @@ class ResidencyTracker:
     blocks: dict[int, _Block] = field(default_factory=dict)
     sessions: dict[str, list[int]] = field(default_factory=dict)
     batches: int = 0
-    gaps: int = 0                    # sequence numbers skipped (events lost)
-    orphans: int = 0                 # blocks stored under a parent never seen (depth undercounted)
-    restarts: int = 0                # sequence went back: the publisher restarted, state was reset
+    gaps: int = 0  # sequence numbers skipped (events lost)
+    orphans: int = 0  # blocks stored under a parent never seen (depth undercounted)
+    restarts: int = 0  # sequence went back: the publisher restarted, state was reset
     last_seq: int | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -237,8 +238,7 @@ class KVEventSubscriber:
     """Subscribes to one publisher (``tcp://host:port``) on a background thread and feeds a
     ``ResidencyTracker``. A malformed message is logged and counted, never fatal."""
 
-    def __init__(self, endpoint: str, tracker: ResidencyTracker | None = None, *, topic: str = "",
-                 poll_ms: int = 100) -> None:
+    def __init__(self, endpoint: str, tracker: ResidencyTracker | None = None, *, topic: str = "", poll_ms: int = 100) -> None:
         self.endpoint = endpoint
         self.tracker = tracker or ResidencyTracker()
         self.topic = topic

@@ -42,8 +42,13 @@ from maitred.runtime.hicache import write_back_for
 
 log = logging.getLogger("maitred.service")
 
-REQUIRED_FLAGS = ("--enable-metrics", "--enable-cache-report", "--enable-hierarchical-cache",
-                  "--radix-eviction-policy", "priority")
+REQUIRED_FLAGS = (
+    "--enable-metrics",
+    "--enable-cache-report",
+    "--enable-hierarchical-cache",
+    "--radix-eviction-policy",
+    "priority",
+)
 
 
 def write_policy_for(hicache_ratio: float) -> str:
@@ -83,7 +88,9 @@ class SGLangLaunch:
         if not 1 <= self.base_port <= 65535 - len(self.gpus):
             raise ValueError(f"--sglang-base-port: {self.base_port} leaves no room for {len(self.gpus)} ports")
         if not self.hicache_ratio > 1:
-            raise ValueError(f"--hicache-ratio: SGLang needs a host pool larger than the GPU pool (> 1), got {self.hicache_ratio}")
+            raise ValueError(
+                f"--hicache-ratio: SGLang needs a host pool larger than the GPU pool (> 1), got {self.hicache_ratio}"
+            )
 
     @property
     def write_policy(self) -> str:
@@ -93,9 +100,24 @@ class SGLangLaunch:
         out = []
         for i, gpu in enumerate(self.gpus):
             port = self.base_port + i
-            argv = (self.python, "-m", "sglang.launch_server", "--model-path", self.model_path, "--host", self.host,
-                    "--port", str(port), *REQUIRED_FLAGS[:3], "--hicache-ratio", f"{self.hicache_ratio:g}",
-                    "--hicache-write-policy", self.write_policy, *REQUIRED_FLAGS[3:], *self.extra_args)
+            argv = (
+                self.python,
+                "-m",
+                "sglang.launch_server",
+                "--model-path",
+                self.model_path,
+                "--host",
+                self.host,
+                "--port",
+                str(port),
+                *REQUIRED_FLAGS[:3],
+                "--hicache-ratio",
+                f"{self.hicache_ratio:g}",
+                "--hicache-write-policy",
+                self.write_policy,
+                *REQUIRED_FLAGS[3:],
+                *self.extra_args,
+            )
             out.append(LaunchSpec(gpu, port, argv))
         return out
 
@@ -115,7 +137,7 @@ class ChildServers:
     """The launched servers: started together, healthy together, stopped together."""
 
     launch: SGLangLaunch
-    startup_timeout_s: float = 900.0    # loading weights and capturing CUDA graphs takes minutes
+    startup_timeout_s: float = 900.0  # loading weights and capturing CUDA graphs takes minutes
     stop_timeout_s: float = 30.0
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
@@ -123,8 +145,7 @@ class ChildServers:
         try:
             for spec in self.launch.specs():
                 log.info("maitred: starting %s", spec.shell_line())
-                self.processes.append(subprocess.Popen(spec.argv, env={**os.environ, **spec.env},
-                                                       preexec_fn=_die_with_parent))
+                self.processes.append(subprocess.Popen(spec.argv, env={**os.environ, **spec.env}, preexec_fn=_die_with_parent))
             for proc, url in zip(self.processes, self.launch.urls()):
                 wait_http(url + "/health", timeout_s=self.startup_timeout_s, process=proc)
         except BaseException:

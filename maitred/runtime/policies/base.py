@@ -51,12 +51,14 @@ def healthy_free(view: View, *, tier_tokens: bool) -> dict[str, int]:
 
 def assign_now(name: str, p: ProgramState, worker: str, reason: str = "new") -> Decision:
     """The arrival decision that places ``p`` on ``worker`` and lets its request run."""
-    return Decision(name, assignments=(Assignment(p.program_id, worker, reason, signature(p)),),
-                    admitted=frozenset({p.program_id}))
+    return Decision(
+        name, assignments=(Assignment(p.program_id, worker, reason, signature(p)),), admitted=frozenset({p.program_id})
+    )
 
 
 def pause_until_fits(
-    view: View, order: "Callable[[ProgramState, str], SupportsRichComparison]",
+    view: View,
+    order: "Callable[[ProgramState, str], SupportsRichComparison]",
 ) -> tuple[dict[str, Tier], dict[str, int], list[TierMove]]:
     """Interrupt/pause without a host tier (ThunderAgent, TAO): on each worker over capacity,
     acting GPU programs leave (KV given up) in ``order(program, worker)`` until it fits.
@@ -70,8 +72,11 @@ def pause_until_fits(
     moves: list[TierMove] = []
     for worker_id in free:
         acting = sorted(
-            (p for p in view.programs.values()
-             if p.home_worker == worker_id and tiers[p.program_id] is Tier.GPU and p.phase is not Phase.REASONING),
+            (
+                p
+                for p in view.programs.values()
+                if p.home_worker == worker_id and tiers[p.program_id] is Tier.GPU and p.phase is not Phase.REASONING
+            ),
             key=lambda p: order(p, worker_id),
         )
         for p in acting:
@@ -102,8 +107,14 @@ def priorities(view: View, tiers: Mapping[str, Tier]) -> dict[str, int]:
 
 
 def finish(
-    name: str, view: View, *, moves: Iterable[TierMove] = (), assignments: Iterable[Assignment] = (),
-    warmups: Iterable[Warmup] = (), admit_all: bool = False, dp_fallback: bool | None = None,
+    name: str,
+    view: View,
+    *,
+    moves: Iterable[TierMove] = (),
+    assignments: Iterable[Assignment] = (),
+    warmups: Iterable[Warmup] = (),
+    admit_all: bool = False,
+    dp_fallback: bool | None = None,
     tiers: Mapping[str, Tier] | None = None,
 ) -> Decision:
     """Assemble a decision: who may run now (GPU tier, or everyone for policies without
@@ -120,7 +131,12 @@ def finish(
         admitted = frozenset({pid for pid in homed if tiers[pid] is gpu})
     wanting = {pid for pid, p in view.programs.items() if p.phase is reasoning}
     return Decision(
-        policy=name, tier_moves=moves, assignments=assignments, admitted=admitted,
-        held=frozenset(wanting - admitted), warmups=tuple(warmups), priorities=priorities(view, tiers),
+        policy=name,
+        tier_moves=moves,
+        assignments=assignments,
+        admitted=admitted,
+        held=frozenset(wanting - admitted),
+        warmups=tuple(warmups),
+        priorities=priorities(view, tiers),
         dp_fallback=dp_fallback,
     )

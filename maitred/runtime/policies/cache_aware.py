@@ -22,7 +22,7 @@ from maitred.runtime.state import View
 
 class CacheAware:
     name = "cache_aware"
-    warms = False   # proposes no warmups
+    warms = False  # proposes no warmups
     cadence = Cadence(period_s=1.0, hold_s=1800.0)
 
     def __init__(self, match_threshold: float = 0.5, balance_abs: int = 8, balance_rel: float = 1.5) -> None:

@@ -25,7 +25,7 @@ from maitred.runtime.state import View
 
 class Clairvoyant:
     name = "clairvoyant"
-    warms = False   # proposes no warmups
+    warms = False  # proposes no warmups
     cadence = Cadence(period_s=1.0, hold_s=1800.0, urgent_s=0.05)
 
     def admit_at_arrival(self, view: View, program_id: str) -> Decision | None:

@@ -45,23 +45,35 @@ class Maitred:
     def step(self, view: View) -> Decision:
         planned, ceilings = _sized(view)
         overdue, start = _overdue(planned), TierPlan(planned)
-        tiers = plan_tiers(planned, promote_waiting=False, packing=True, ceilings=ceilings,
-                           held_back=_room_for(planned, overdue, start.gpu_free()), plan=start)
+        tiers = plan_tiers(
+            planned,
+            promote_waiting=False,
+            packing=True,
+            ceilings=ceilings,
+            held_back=_room_for(planned, overdue, start.gpu_free()),
+            plan=start,
+        )
         free = tiers.gpu_free()
         candidates, reason = candidates_for_placement(planned, tiers.tiers, free)
         first = place(planned, overdue, free, reason=reason)
         left = _after(view, first.assignments, free)
         placed = {a.program_id for a in first.assignments}
         rest = place(planned, [p for p in candidates if p.program_id not in placed], left, reason=reason)
-        placement = replace(rest, assignments=first.assignments + rest.assignments,
-                            fallback=first.fallback or rest.fallback)
+        placement = replace(rest, assignments=first.assignments + rest.assignments, fallback=first.fallback or rest.fallback)
         planned_tiers = final_tiers(view, tiers.moves, placement.assignments)
         warmups: tuple[Warmup, ...] = ()
         if self.preprefill:
             left = _after(view, rest.assignments, left)
             warmups = choose_warmups(view, propose(view, placement.assignments), left, planned_tiers)
-        decision = finish(self.name, view, moves=tiers.moves, assignments=placement.assignments, warmups=warmups,
-                          dp_fallback=placement.fallback if candidates else None, tiers=planned_tiers)
+        decision = finish(
+            self.name,
+            view,
+            moves=tiers.moves,
+            assignments=placement.assignments,
+            warmups=warmups,
+            dp_fallback=placement.fallback if candidates else None,
+            tiers=planned_tiers,
+        )
         return replace(decision, tier_tokens={w.worker_id: w.gpu_tokens for w in planned.healthy_workers()})
 
     def admit_at_arrival(self, view: View, program_id: str) -> Decision | None:
@@ -83,8 +95,9 @@ class Maitred:
         if p.home_worker in free:
             if p.tier is Tier.GPU or weight > free[p.home_worker]:
                 return None
-            return Decision(self.name, tier_moves=(TierMove(program_id, p.home_worker, p.tier, Tier.GPU),),
-                            admitted=frozenset({program_id}))
+            return Decision(
+                self.name, tier_moves=(TierMove(program_id, p.home_worker, p.tier, Tier.GPU),), admitted=frozenset({program_id})
+            )
         others = view.totals.wanting_off_gpu - (p.phase is Phase.REASONING and p.tier is not Tier.GPU)
         if others > 0:
             return None
@@ -115,8 +128,16 @@ def _overdue(view: View) -> list[ProgramState]:
     behind smaller returning ones; displacing GPU-tier programs for them (MORI's rule) was
     tried and churned (mean TTFT 3.80 s, a quarter fewer requests served)."""
     reasoning, waiting = Phase.REASONING, Tier.WAITING  # an enum member read per program is slow on 3.11
-    return sorted((p for p in view.programs.values() if p.phase is reasoning and view.now - p.phase_since > OVERDUE_S
-                   and (p.home_worker not in view.workers or p.tier is waiting)), key=lambda p: p.phase_since)
+    return sorted(
+        (
+            p
+            for p in view.programs.values()
+            if p.phase is reasoning
+            and view.now - p.phase_since > OVERDUE_S
+            and (p.home_worker not in view.workers or p.tier is waiting)
+        ),
+        key=lambda p: p.phase_since,
+    )
 
 
 def _room_for(view: View, programs: list[ProgramState], room: dict[str, int]) -> dict[str, int]:

@@ -20,7 +20,7 @@ from maitred.runtime.tiering import plan_tiers
 
 class Mori:
     name = "mori"
-    warms = False   # proposes no warmups
+    warms = False  # proposes no warmups
     #: "the scheduler runs asynchronously with a default 5-second period" on ThunderAgent's
     #: scheduler, whose paused requests are let through after 1,800 s
     cadence = Cadence(period_s=5.0, hold_s=1800.0)

@@ -16,7 +16,7 @@ from maitred.runtime.state import View
 
 class RoundRobin:
     name = "round_robin"
-    warms = False   # proposes no warmups
+    warms = False  # proposes no warmups
     #: the router has no period and no hold; a request that finds no healthy worker waits for one
     cadence = Cadence(period_s=1.0, hold_s=1800.0)
 
@@ -36,5 +36,6 @@ class RoundRobin:
         if not workers:
             return None
         p = view.programs[program_id]
-        return assign_now(self.name, p, workers[view.assignments_made % len(workers)],
-                          "new" if p.home_worker is None else "failover")
+        return assign_now(
+            self.name, p, workers[view.assignments_made % len(workers)], "new" if p.home_worker is None else "failover"
+        )

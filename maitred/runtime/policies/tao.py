@@ -19,7 +19,7 @@ from maitred.runtime.state import View
 
 class Tao:
     name = "tao"
-    warms = False   # proposes no warmups
+    warms = False  # proposes no warmups
     cadence = Cadence(period_s=1.0, hold_s=1800.0)
 
     def admit_at_arrival(self, view: View, program_id: str) -> Decision | None:
@@ -29,11 +29,19 @@ class Tao:
         half_life, versions = view.cfg.credit_half_life_s, dict(view.adapter_versions)
 
         def value(p: ProgramState, worker_id: str) -> tuple[int, int, int]:
-            return (cache_credit(p, worker_id, view.now, half_life, versions),
-                    view.signals[p.program_id].readiness.r, p.context_tokens)
+            return (
+                cache_credit(p, worker_id, view.now, half_life, versions),
+                view.signals[p.program_id].readiness.r,
+                p.context_tokens,
+            )
 
         tiers, free, moves = pause_until_fits(view, value)
         candidates, reason = candidates_for_placement(view, tiers, free)
         placement = place(view, candidates, free, reason=reason)
-        return finish(self.name, view, moves=moves, assignments=placement.assignments,
-                      dp_fallback=placement.fallback if candidates else None)
+        return finish(
+            self.name,
+            view,
+            moves=moves,
+            assignments=placement.assignments,
+            dp_fallback=placement.fallback if candidates else None,
+        )

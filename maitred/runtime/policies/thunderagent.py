@@ -69,8 +69,8 @@ def _mark_ended(p: ProgramState) -> bool:
 
 class ThunderAgent:
     name = "thunderagent"
-    warms = False   # proposes no warmups
-    cadence = Cadence(period_s=5.0, hold_s=1800.0)   # config.py scheduler_interval; router.py _wait_for_resume
+    warms = False  # proposes no warmups
+    cadence = Cadence(period_s=5.0, hold_s=1800.0)  # config.py scheduler_interval; router.py _wait_for_resume
 
     def step(self, view: View) -> Decision:
         healthy = {w.worker_id for w in view.healthy_workers()}
@@ -84,16 +84,19 @@ class ThunderAgent:
             elif p.home_worker in healthy:  # its request ended since it was marked: pause
                 moves.append(TierMove(pid, p.home_worker, Tier.GPU, Tier.WAITING))
                 tiers[pid] = Tier.WAITING
-        active = {w: [p for p in view.programs.values() if p.home_worker == w and tiers[p.program_id] is Tier.GPU]
-                  for w in sorted(healthy)}
+        active = {
+            w: [p for p in view.programs.values() if p.home_worker == w and tiers[p.program_id] is Tier.GPU]
+            for w in sorted(healthy)
+        }
         assignments = self._greedy_resume(view, tiers, active, healthy)
         for worker_id, programs in active.items():
             moves += self._pause_until_safe(view, worker_id, programs, tiers, marked)
         decision = finish(self.name, view, moves=moves, assignments=assignments)
         return replace(decision, admitted=decision.admitted - marked, withheld=frozenset(marked))
 
-    def _greedy_resume(self, view: View, tiers: dict[str, Tier], active: dict[str, list[ProgramState]],
-                       healthy: set[str]) -> list[Assignment]:
+    def _greedy_resume(
+        self, view: View, tiers: dict[str, Tier], active: dict[str, list[ProgramState]], healthy: set[str]
+    ) -> list[Assignment]:
         room = {w: remaining_capacity(view, w, programs) for w, programs in active.items()}
         room = {w: r for w, r in room.items() if r > BUFFER_PER_PROGRAM}
         total = sum(room.values())
@@ -127,14 +130,13 @@ class ThunderAgent:
             assignments.append(Assignment(p.program_id, worker_id, reason, signature(p)))
         return assignments
 
-    def _pause_until_safe(self, view: View, worker_id: str, programs: list[ProgramState],
-                          tiers: dict[str, Tier], marked: set[str]) -> list[TierMove]:
+    def _pause_until_safe(
+        self, view: View, worker_id: str, programs: list[ProgramState], tiers: dict[str, Tier], marked: set[str]
+    ) -> list[TierMove]:
         moves: list[TierMove] = []
         remaining = remaining_capacity(view, worker_id, programs)
-        acting = sorted((p for p in programs if p.phase is not Phase.REASONING),
-                        key=lambda p: (p.context_tokens, p.program_id))
-        reasoning = sorted((p for p in programs if p.phase is Phase.REASONING),
-                           key=lambda p: (p.context_tokens, p.program_id))
+        acting = sorted((p for p in programs if p.phase is not Phase.REASONING), key=lambda p: (p.context_tokens, p.program_id))
+        reasoning = sorted((p for p in programs if p.phase is Phase.REASONING), key=lambda p: (p.context_tokens, p.program_id))
         for p in acting:
             if remaining >= 0:
                 return moves

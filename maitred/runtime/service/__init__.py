@@ -7,8 +7,10 @@ maitred.runtime.service.serve`` prints it and exits 2 (while Python locates a ``
 
 import sys
 
-MOVED = ("maitred.runtime.service moved: the gateway is maitred.gateway (`maitred serve`, or python -m "
-         "maitred.gateway.serve), the simulated worker maitred.sim.worker (`maitred sim-worker`, or python -m maitred.sim.worker)")
+MOVED = (
+    "maitred.runtime.service moved: the gateway is maitred.gateway (`maitred serve`, or python -m "
+    "maitred.gateway.serve), the simulated worker maitred.sim.worker (`maitred sim-worker`, or python -m maitred.sim.worker)"
+)
 
 if sys.argv[:1] == ["-m"]:
     sys.stderr.write(f"error: {MOVED}\n")

@@ -71,13 +71,24 @@ def _jsonl(path: Path, problems: _Problems) -> Iterator[tuple[int, dict[str, Any
             yield number, record
 
 
-def _number(record: dict[str, Any], name: str, *, kind: type = float, minimum: float | None = 0,
-            maximum: float | None = None, at: str = "") -> Any:
+def _number(
+    record: dict[str, Any],
+    name: str,
+    *,
+    kind: type = float,
+    minimum: float | None = 0,
+    maximum: float | None = None,
+    at: str = "",
+) -> Any:
     """``record[name]`` as a finite number in range; the ValueError names the field (``at`` is
     the path of ``record`` inside its line, e.g. ``steps[3].``)."""
     value = record.get(name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
-            kind is int and not float(value).is_integer()):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or (kind is int and not float(value).is_integer())
+    ):
         raise ValueError(f"{at}{name}: expected a finite {'whole ' if kind is int else ''}number, got {value!r}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{at}{name}: must be >= {minimum}, got {value!r}")
@@ -112,6 +123,7 @@ def _finish(name: str, programs: list[ProgramTrace], prefix: dict[str, int], pro
 
 # -- SWE-agent stage timings ----------------------------------------------------------------------
 
+
 def read_swe_agent(root: Path) -> Trace:
     problems = _Problems()
     programs: list[ProgramTrace] = []
@@ -133,8 +145,10 @@ def _swe_program(name: str, stages: Path, metrics: Path, problems: _Problems) ->
     tokens: dict[int, tuple[int, int]] = {}
     for number, record in _jsonl(metrics, problems):
         try:
-            tokens[_number(record, "step", kind=int, minimum=1)] = (_tokens(record, "input_tokens"),
-                                                                   _tokens(record, "output_tokens"))
+            tokens[_number(record, "step", kind=int, minimum=1)] = (
+                _tokens(record, "input_tokens"),
+                _tokens(record, "output_tokens"),
+            )
         except ValueError as exc:
             problems.add(f"{metrics}:{number}", f"{exc}; step skipped")
     open_tools: dict[tuple[int, int], float] = {}
@@ -164,14 +178,12 @@ def _swe_program(name: str, stages: Path, metrics: Path, problems: _Problems) ->
     if not tokens:
         problems.add(str(metrics), "no usable step; instance skipped")
         return None
-    steps = tuple(
-        Step("swe-agent", tokens[s][0], max(tokens[s][1], 1), tuple(tools.get(s, ())))
-        for s in sorted(tokens)
-    )
+    steps = tuple(Step("swe-agent", tokens[s][0], max(tokens[s][1], 1), tuple(tools.get(s, ()))) for s in sorted(tokens))
     return ProgramTrace(name, steps)
 
 
 # -- TraceLab-style rounds ------------------------------------------------------------------------
+
 
 def read_tracelab(path: Path) -> Trace:
     problems = _Problems()
@@ -215,6 +227,7 @@ def _tracelab_tool(tool: Any, at: str) -> ToolCall:
 
 # -- maitred export -------------------------------------------------------------------------------
 
+
 def read_maitred(path: Path) -> Trace:
     problems = _Problems()
     programs: list[ProgramTrace] = []
@@ -248,8 +261,7 @@ class _Timed:
 Report = Callable[[str], None]
 
 
-def _valid(entries: list[Any], field_name: str, parse: Callable[[dict[str, Any], str], _Timed],
-           report: Report) -> list[_Timed]:
+def _valid(entries: list[Any], field_name: str, parse: Callable[[dict[str, Any], str], _Timed], report: Report) -> list[_Timed]:
     """The entries ``parse`` accepts; each refusal is reported with its field and skipped alone."""
     kept = []
     for i, entry in enumerate(entries):
@@ -291,8 +303,7 @@ def _maitred_program(record: dict[str, Any], report: Report) -> ProgramTrace:
     pid = record.get("program_id")
     if not isinstance(pid, str) or not pid:
         raise ValueError("program_id: missing")
-    steps_in = sorted(_valid(_entries(record, "steps"), "steps", _step_entry, report),
-                      key=lambda s: s.start or s.end or 0.0)
+    steps_in = sorted(_valid(_entries(record, "steps"), "steps", _step_entry, report), key=lambda s: s.start or s.end or 0.0)
     tools_in = [t for t in _valid(_entries(record, "tool_calls"), "tool_calls", _tool_entry, report) if t.value]
     waits = _valid(_entries(record, "waits"), "waits", _wait_entry, report)
     default_agent = record.get("agent") if isinstance(record.get("agent"), str) else None

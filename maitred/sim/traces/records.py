@@ -24,7 +24,7 @@ class ToolCall:
 @dataclass(frozen=True, slots=True)
 class Step:
     agent: str
-    input_tokens: int          # the whole prompt of this model call
+    input_tokens: int  # the whole prompt of this model call
     output_tokens: int
     tools: tuple[ToolCall, ...] = ()
     human_wait_s: float = 0.0  # after the tools, before the next step
@@ -46,7 +46,7 @@ class Trace:
     name: str
     programs: list[ProgramTrace]
     prefix_tokens: dict[str, int] = field(default_factory=dict)  # each agent's shared system prompt
-    skipped: list[str] = field(default_factory=list)               # what validation refused, and why
+    skipped: list[str] = field(default_factory=list)  # what validation refused, and why
 
     def tool_durations(self) -> list[float]:
         return [t.duration_s for p in self.programs for s in p.steps for t in s.tools]

@@ -61,11 +61,11 @@ class SyntheticSpec:
     seed: int = 0
     min_steps: int = 20
     max_steps: int = 70
-    handoffs: float = 0.0     # share of programs in which a planner hands off to a coder
+    handoffs: float = 0.0  # share of programs in which a planner hands off to a coder
     human_waits: float = 0.0  # share of programs that wait once on a person
-    deadlines: float = 0.5    # share of tool calls that declare a deadline (Bash's timeout)
-    subagents: float = 0.0    # share of idle phases spent waiting on a subagent (Agent tool)
-    tool_scale: float = 1.0   # every tool duration times this
+    deadlines: float = 0.5  # share of tool calls that declare a deadline (Bash's timeout)
+    subagents: float = 0.0  # share of idle phases spent waiting on a subagent (Agent tool)
+    tool_scale: float = 1.0  # every tool duration times this
 
     def __post_init__(self) -> None:
         if not (1 <= self.programs <= MAX_PROGRAMS and 1 <= self.min_steps <= self.max_steps <= MAX_STEPS):

@@ -39,9 +39,14 @@ def create_app(config: SimWorkerConfig) -> FastAPI:
 
     app = FastAPI(title="maitred sim-worker (simulated SGLang server)", description=NOTE, lifespan=lifespan)
     app.state.sim = sim
-    for paths, handler in ((("/health", "/health_generate"), health), (("/server_info", "/get_server_info"), server_info),
-                           (("/model_info", "/get_model_info"), model_info), (("/v1/models",), models),
-                           (("/v1/loads",), loads), (("/metrics",), metrics)):
+    for paths, handler in (
+        (("/health", "/health_generate"), health),
+        (("/server_info", "/get_server_info"), server_info),
+        (("/model_info", "/get_model_info"), model_info),
+        (("/v1/models",), models),
+        (("/v1/loads",), loads),
+        (("/metrics",), metrics),
+    ):
         for path in paths:
             app.add_api_route(path, handler, methods=["GET"])
     app.add_api_route("/generate", generation.generate, methods=["POST", "PUT"])
@@ -68,20 +73,47 @@ async def server_info(request: Request) -> Response:
 
 async def model_info(request: Request) -> Response:
     c = _sim(request).config
-    return generation.json_response({
-        "model_path": c.model_path, "served_model_name": c.served_model_name, "tokenizer_path": c.model_path,
-        "is_generation": True, "preferred_sampling_params": None, "weight_version": "default", "load_format": "dummy",
-        "reasoning_parser": None, "tool_call_parser": None, "disaggregation_mode": "null", "has_image_understanding": False,
-        "has_audio_understanding": False, "model_type": "maitred_sim", "architectures": ["MaitredSimWorker"],
-        "simulated": True, "note": NOTE})
+    return generation.json_response(
+        {
+            "model_path": c.model_path,
+            "served_model_name": c.served_model_name,
+            "tokenizer_path": c.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "load_format": "dummy",
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+            "disaggregation_mode": "null",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": "maitred_sim",
+            "architectures": ["MaitredSimWorker"],
+            "simulated": True,
+            "note": NOTE,
+        }
+    )
 
 
 async def models(request: Request) -> Response:
     sim = _sim(request)
     name = sim.config.served_model_name
-    return generation.json_response({"object": "list", "data": [{
-        "id": name, "object": "model", "created": int(sim.started), "owned_by": "sglang", "root": name, "parent": None,
-        "max_model_len": CONTEXT_LENGTH}]})
+    return generation.json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": int(sim.started),
+                    "owned_by": "sglang",
+                    "root": name,
+                    "parent": None,
+                    "max_model_len": CONTEXT_LENGTH,
+                }
+            ],
+        }
+    )
 
 
 async def loads(request: Request, include: str | None = None, dp_rank: int | None = None) -> Response:
@@ -90,9 +122,15 @@ async def loads(request: Request, include: str | None = None, dp_rank: int | Non
         entry = loads_entry(_sim(request), sections)
     except ValueError as exc:
         return generation.openai_error(generation.BadRequest(str(exc), "include"))
-    return generation.json_response({"timestamp": datetime.now(UTC).isoformat(), "version": SGLANG_VERSION,
-                                     "accelerator": "simulated", "num_accelerators": 1,
-                                     "loads": [entry] if dp_rank in (None, 0) else []})
+    return generation.json_response(
+        {
+            "timestamp": datetime.now(UTC).isoformat(),
+            "version": SGLANG_VERSION,
+            "accelerator": "simulated",
+            "num_accelerators": 1,
+            "loads": [entry] if dp_rank in (None, 0) else [],
+        }
+    )
 
 
 async def metrics(request: Request) -> Response:
@@ -106,24 +144,57 @@ def server_info_body(sim: SimWorker) -> dict[str, Any]:
     gpu, cpu = sim.gpu_tokens, sim.cpu_tokens
     kv_gb = round(gpu * sim.profile.kv_bytes_per_token / 1e9, 3)
     return {
-        "model_path": c.model_path, "tokenizer_path": c.model_path, "served_model_name": c.served_model_name,
-        "host": c.host, "port": c.port, "dp_size": 1, "tp_size": 1, "pp_size": 1, "page_size": 1,
-        "context_length": CONTEXT_LENGTH, "max_running_requests": sim.profile.max_running,
-        "chunked_prefill_size": sim.profile.prefill_chunk_tokens, "enable_metrics": True, "enable_cache_report": True,
-        "enable_hierarchical_cache": cpu > 0, "hicache_ratio": (cpu / gpu) if cpu else None, "hicache_size": 0,
-        "hicache_write_policy": c.hicache_write_policy, "radix_eviction_policy": c.radix_eviction_policy,
-        "enable_priority_scheduling": False, "kv_events_config": c.kv_events_config,
+        "model_path": c.model_path,
+        "tokenizer_path": c.model_path,
+        "served_model_name": c.served_model_name,
+        "host": c.host,
+        "port": c.port,
+        "dp_size": 1,
+        "tp_size": 1,
+        "pp_size": 1,
+        "page_size": 1,
+        "context_length": CONTEXT_LENGTH,
+        "max_running_requests": sim.profile.max_running,
+        "chunked_prefill_size": sim.profile.prefill_chunk_tokens,
+        "enable_metrics": True,
+        "enable_cache_report": True,
+        "enable_hierarchical_cache": cpu > 0,
+        "hicache_ratio": (cpu / gpu) if cpu else None,
+        "hicache_size": 0,
+        "hicache_write_policy": c.hicache_write_policy,
+        "radix_eviction_policy": c.radix_eviction_policy,
+        "enable_priority_scheduling": False,
+        "kv_events_config": c.kv_events_config,
         "launch_command": f"maitred sim-worker --port {c.port} --gpu-tokens {gpu} --cpu-tokens {cpu} --time-scale {c.time_scale} "
-                          f"--hicache-write-policy {c.hicache_write_policy}",
-        "status": "ready", "max_total_num_tokens": gpu, "max_req_input_len": sim.max_input, "startup_time": sim.started,
+        f"--hicache-write-policy {c.hicache_write_policy}",
+        "status": "ready",
+        "max_total_num_tokens": gpu,
+        "max_req_input_len": sim.max_input,
+        "startup_time": sim.started,
         "kv_events": sim.kv_events.descriptor() if sim.kv_events else None,
-        "internal_states": [{
-            "world_size": 1, "startup_time": sim.started,
-            "effective_max_running_requests_per_dp": sim.profile.max_running, "last_gen_throughput": 0.0,
-            "memory_usage": {"weight": 15.2, "kvcache": kv_gb, "startup_available": round(kv_gb + 15.2, 3),
-                             "token_capacity": gpu, "token_capacity_swa": None, "graph": {}},
-        }],
-        "version": SGLANG_VERSION, "frontend": "python",
-        "maitred_sim_worker": {"time_scale": c.time_scale, "host_tokens": cpu, "profile": sim.profile.name,
-                               "script_tools": c.script_tools, "note": NOTE},
+        "internal_states": [
+            {
+                "world_size": 1,
+                "startup_time": sim.started,
+                "effective_max_running_requests_per_dp": sim.profile.max_running,
+                "last_gen_throughput": 0.0,
+                "memory_usage": {
+                    "weight": 15.2,
+                    "kvcache": kv_gb,
+                    "startup_available": round(kv_gb + 15.2, 3),
+                    "token_capacity": gpu,
+                    "token_capacity_swa": None,
+                    "graph": {},
+                },
+            }
+        ],
+        "version": SGLANG_VERSION,
+        "frontend": "python",
+        "maitred_sim_worker": {
+            "time_scale": c.time_scale,
+            "host_tokens": cpu,
+            "profile": sim.profile.name,
+            "script_tools": c.script_tools,
+            "note": NOTE,
+        },
     }

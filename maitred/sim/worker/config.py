@@ -34,9 +34,9 @@ class SimWorkerConfig:
     served_model_name: str = SERVED_MODEL_NAME
     radix_eviction_policy: str = "lru"
     hicache_write_policy: str = "write_through"
-    kv_events_config: str | None = None   # SGLang's --kv-events-config JSON (zmq publisher)
+    kv_events_config: str | None = None  # SGLang's --kv-events-config JSON (zmq publisher)
     host: str = "127.0.0.1"
-    port: int = 30000               # 0: any free port (SimWorkerThread)
+    port: int = 30000  # 0: any free port (SimWorkerThread)
 
     def __post_init__(self) -> None:
         if self.gpu_tokens is not None and (isinstance(self.gpu_tokens, bool) or self.gpu_tokens < 1):

@@ -49,7 +49,7 @@ def chain_from(ids: list[int], first_page: int, before: int) -> list[int]:
     out = []
     h = before
     for start in range(first_page * PAGE, len(ids) - PAGE + 1, PAGE):
-        h = hash((h, tuple(ids[start:start + PAGE])))
+        h = hash((h, tuple(ids[start : start + PAGE])))
         out.append(h)
     return out
 
@@ -64,7 +64,7 @@ def _common(a: list[int], b: list[int]) -> int:
     if a[:n] == b[:n]:
         return n
     start = 0
-    while a[start:start + PAGE] == b[start:start + PAGE]:
+    while a[start : start + PAGE] == b[start : start + PAGE]:
         start += PAGE
     while a[start] == b[start]:
         start += 1
@@ -84,7 +84,7 @@ class ConversationIndex:
         self._owner: dict[int, str] = {}
         self._convs: dict[str, Conversation] = {}
         self._made = 0
-        self.tokens_held = 0       # over all recorded sequences: what this index costs in memory
+        self.tokens_held = 0  # over all recorded sequences: what this index costs in memory
 
     def __len__(self) -> int:
         return len(self._convs)
@@ -147,7 +147,7 @@ class Ticket:
     started: asyncio.Event = field(default_factory=asyncio.Event)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
-    notified: int = -1          # ``generated`` when ``changed`` was last set
+    notified: int = -1  # ``generated`` when ``changed`` was last set
 
     @property
     def generated(self) -> int:
@@ -172,8 +172,14 @@ class Counters:
 class RealtimeEngine:
     """Runs ``worker`` in real time × ``time_scale``. All methods run on the event loop thread."""
 
-    def __init__(self, worker: WorkerModel, time_scale: float, *, prune_floor_tokens: int = 1_000_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        worker: WorkerModel,
+        time_scale: float,
+        *,
+        prune_floor_tokens: int = 1_000_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.worker = worker
         #: called after every change of the engine's state (KV-event publishing hooks in here)
         self.on_change: Callable[[], None] | None = None
@@ -207,8 +213,15 @@ class RealtimeEngine:
     def busy(self) -> set[str]:
         return {r.program_id for r in self.worker.running} | {r.program_id for r in self.worker.queue}
 
-    def submit(self, prompt: Prompt, output_ids: list[int], *, priority: int | None = None, stream: bool = False,
-               session_id: str | None = None) -> Ticket:
+    def submit(
+        self,
+        prompt: Prompt,
+        output_ids: list[int],
+        *,
+        priority: int | None = None,
+        stream: bool = False,
+        session_id: str | None = None,
+    ) -> Ticket:
         """Queue a request whose output will be ``output_ids`` (the double decides its reply up front)."""
         if self.failure is not None:
             raise EngineFailed(self.failure)

@@ -25,8 +25,8 @@ from maitred.sim.worker.replies import Reply, chat_reply, text_reply
 from maitred.sim.worker.state import SimWorker
 from maitred.sim.worker.tokens import Prompt, PromptError, render_chat, render_ids, render_text, tokenize
 
-DEFAULT_COMPLETION_TOKENS = 16     # SGLang's CompletionRequest.max_tokens default
-DEFAULT_GENERATE_TOKENS = 128      # SGLang's SamplingParams.max_new_tokens default
+DEFAULT_COMPLETION_TOKENS = 16  # SGLang's CompletionRequest.max_tokens default
+DEFAULT_GENERATE_TOKENS = 128  # SGLang's SamplingParams.max_new_tokens default
 DONE = b"data: [DONE]\n\n"
 
 
@@ -88,8 +88,11 @@ def _check_single(body: Mapping[str, Any]) -> None:
 def _check_fits(sim: SimWorker, prompt: Prompt, output: int, field: str) -> None:
     limit = sim.max_input + 1
     if len(prompt.ids) + output > limit:
-        raise BadRequest(f"{field}: {len(prompt.ids)} prompt tokens plus {output} to generate exceed this worker's "
-                         f"{limit}-token limit (--gpu-tokens)", field)
+        raise BadRequest(
+            f"{field}: {len(prompt.ids)} prompt tokens plus {output} to generate exceed this worker's "
+            f"{limit}-token limit (--gpu-tokens)",
+            field,
+        )
 
 
 def _stream_flag(body: Mapping[str, Any]) -> bool:
@@ -131,15 +134,27 @@ def _parse_generate(sim: SimWorker, body: dict[str, Any]) -> tuple[Prompt, Reply
 
 def _usage(ticket: Ticket) -> dict[str, Any]:
     r = ticket.request
-    return {"prompt_tokens": r.context, "total_tokens": r.context + r.output, "completion_tokens": r.output,
-            "prompt_tokens_details": {"cached_tokens": r.hit_tokens}, "reasoning_tokens": 0}
+    return {
+        "prompt_tokens": r.context,
+        "total_tokens": r.context + r.output,
+        "completion_tokens": r.output,
+        "prompt_tokens_details": {"cached_tokens": r.hit_tokens},
+        "reasoning_tokens": 0,
+    }
 
 
 def _meta_info(rid: str, ticket: Ticket, finish: dict[str, Any] | None) -> dict[str, Any]:
     r = ticket.request
-    meta: dict[str, Any] = {"id": rid, "finish_reason": finish, "prompt_tokens": r.context, "weight_version": "default",
-                            "num_retractions": 0, "reasoning_tokens": 0, "completion_tokens": ticket.generated,
-                            "cached_tokens": r.hit_tokens}
+    meta: dict[str, Any] = {
+        "id": rid,
+        "finish_reason": finish,
+        "prompt_tokens": r.context,
+        "weight_version": "default",
+        "num_retractions": 0,
+        "reasoning_tokens": 0,
+        "completion_tokens": ticket.generated,
+        "cached_tokens": r.hit_tokens,
+    }
     if r.hit_tokens:
         meta["cached_tokens_details"] = {"device": r.hit_tokens - r.host_hit_tokens, "host": r.host_hit_tokens}
     if finish is not None and r.done_at is not None:
@@ -186,13 +201,14 @@ async def _guarded(sim: SimWorker, chunks: AsyncGenerator[bytes, None]) -> Async
 
 
 def _words_until(reply: Reply, generated: int) -> list[str]:
-    return reply.words[:min(generated, len(reply.words))]
+    return reply.words[: min(generated, len(reply.words))]
 
 
 def _submit(sim: SimWorker, prompt: Prompt, reply: Reply, body: Mapping[str, Any], stream: bool) -> Ticket:
     """Queue a parsed request (its ``priority`` and ``session_id`` were checked while parsing)."""
-    return sim.engine.submit(prompt, reply.output_ids, priority=body.get("priority"), stream=stream,
-                             session_id=body.get("session_id"))
+    return sim.engine.submit(
+        prompt, reply.output_ids, priority=body.get("priority"), stream=stream, session_id=body.get("session_id")
+    )
 
 
 def _failure(sim: SimWorker) -> dict[str, Any]:
@@ -210,8 +226,11 @@ class _Refused(Exception):
 Parse = Callable[[SimWorker, dict[str, Any]], tuple[Prompt, Reply, bool]]
 
 
-async def _start(request: Request, parse: Parse, error: Callable[[BadRequest], Response],
-                 ) -> tuple[SimWorker, dict[str, Any], Reply, bool, Ticket]:
+async def _start(
+    request: Request,
+    parse: Parse,
+    error: Callable[[BadRequest], Response],
+) -> tuple[SimWorker, dict[str, Any], Reply, bool, Ticket]:
     """Read, check and queue a generation request, the same for every endpoint but for its
     parser and its error body."""
     sim: SimWorker = request.app.state.sim
@@ -236,6 +255,7 @@ async def _finished(sim: SimWorker, ticket: Ticket) -> None:
 
 # -- /generate -------------------------------------------------------------------------------
 
+
 async def generate(request: Request) -> Response:
     try:
         sim, body, reply, stream, ticket = await _start(request, _parse_generate, _generate_error)
@@ -246,8 +266,11 @@ async def generate(request: Request) -> Response:
     def out(generated: int, final: bool) -> dict[str, Any]:
         text_words = _words_until(reply, generated)
         finish = {"type": "length", "length": len(reply.output_ids)} if final else None
-        return {"text": (" " + " ".join(text_words)) if text_words else "", "output_ids": reply.output_ids[:generated],
-                "meta_info": _meta_info(rid, ticket, finish)}
+        return {
+            "text": (" " + " ".join(text_words)) if text_words else "",
+            "output_ids": reply.output_ids[:generated],
+            "meta_info": _meta_info(rid, ticket, finish),
+        }
 
     if not stream:
         try:
@@ -267,6 +290,7 @@ async def generate(request: Request) -> Response:
 
 # -- /v1/completions -------------------------------------------------------------------------
 
+
 def _parse_completion(sim: SimWorker, body: dict[str, Any]) -> tuple[Prompt, Reply, bool]:
     _check_single(body)
     field = body.get("prompt")
@@ -284,14 +308,24 @@ async def completions(request: Request) -> Response:
         sim, body, reply, stream, ticket = await _start(request, _parse_completion, openai_error)
     except _Refused as refused:
         return refused.response
-    head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-            "model": sim.config.served_model_name}
+    head = {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": sim.config.served_model_name,
+    }
     if not stream:
         try:
             await _finished(sim, ticket)
         except _Refused as refused:
             return refused.response
-        choice = {"index": 0, "text": " " + reply.text, "logprobs": None, "finish_reason": reply.finish_reason, "matched_stop": None}
+        choice = {
+            "index": 0,
+            "text": " " + reply.text,
+            "logprobs": None,
+            "finish_reason": reply.finish_reason,
+            "matched_stop": None,
+        }
         return json_response({**head, "choices": [choice], "usage": _usage(ticket)})
 
     async def events() -> AsyncGenerator[bytes, None]:
@@ -302,8 +336,20 @@ async def completions(request: Request) -> Response:
                 sent += len(new)
                 done = ticket.done.is_set()
                 if new or done:
-                    yield _sse({**head, "choices": [{"index": 0, "text": "".join(" " + w for w in new), "logprobs": None,
-                                                      "finish_reason": reply.finish_reason if done else None, "matched_stop": None}]})
+                    yield _sse(
+                        {
+                            **head,
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "text": "".join(" " + w for w in new),
+                                    "logprobs": None,
+                                    "finish_reason": reply.finish_reason if done else None,
+                                    "matched_stop": None,
+                                }
+                            ],
+                        }
+                    )
         if _include_usage(body):
             yield _sse({**head, "choices": [], "usage": _usage(ticket)})
         yield DONE
@@ -312,6 +358,7 @@ async def completions(request: Request) -> Response:
 
 
 # -- /v1/chat/completions --------------------------------------------------------------------
+
 
 def _parse_chat(sim: SimWorker, body: dict[str, Any]) -> tuple[Prompt, Reply, bool]:
     _check_single(body)
@@ -333,20 +380,37 @@ async def chat(request: Request) -> Response:
             await _finished(sim, ticket)
         except _Refused as refused:
             return refused.response
-        message: dict[str, Any] = {"role": "assistant", "content": None if reply.tool_calls else reply.text, "reasoning_content": None}
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": None if reply.tool_calls else reply.text,
+            "reasoning_content": None,
+        }
         if reply.tool_calls:
             message["tool_calls"] = reply.tool_calls
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reply.finish_reason, "matched_stop": None}
-        return json_response({**head, "object": "chat.completion", "choices": [choice], "usage": _usage(ticket),
-                              "metadata": {"weight_version": "default"}})
+        return json_response(
+            {
+                **head,
+                "object": "chat.completion",
+                "choices": [choice],
+                "usage": _usage(ticket),
+                "metadata": {"weight_version": "default"},
+            }
+        )
     return StreamingResponse(_guarded(sim, _chat_events(sim, ticket, reply, body, head)), media_type="text/event-stream")
 
 
-async def _chat_events(sim: SimWorker, ticket: Ticket, reply: Reply, body: Mapping[str, Any],
-                       head: dict[str, Any]) -> AsyncGenerator[bytes, None]:
+async def _chat_events(
+    sim: SimWorker, ticket: Ticket, reply: Reply, body: Mapping[str, Any], head: dict[str, Any]
+) -> AsyncGenerator[bytes, None]:
     def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
-        return _sse({**head, "object": "chat.completion.chunk",
-                     "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "matched_stop": None}]})
+        return _sse(
+            {
+                **head,
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "matched_stop": None}],
+            }
+        )
 
     yield chunk({"role": "assistant", "content": ""}, None)
     sent = 0
@@ -359,8 +423,19 @@ async def _chat_events(sim: SimWorker, ticket: Ticket, reply: Reply, body: Mappi
     for call in reply.tool_calls or []:  # as SGLang streams them: id and name first, then the arguments
         function = call["function"]
         yield chunk({"tool_calls": [{**call, "function": {"name": function["name"], "arguments": ""}}]}, None)
-        yield chunk({"tool_calls": [{"id": None, "index": call["index"], "type": "function",
-                                     "function": {"name": None, "arguments": function["arguments"]}}]}, None)
+        yield chunk(
+            {
+                "tool_calls": [
+                    {
+                        "id": None,
+                        "index": call["index"],
+                        "type": "function",
+                        "function": {"name": None, "arguments": function["arguments"]},
+                    }
+                ]
+            },
+            None,
+        )
     yield chunk({}, reply.finish_reason)
     if _include_usage(body):
         yield _sse({**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage(ticket)})
@@ -368,6 +443,7 @@ async def _chat_events(sim: SimWorker, ticket: Ticket, reply: Reply, body: Mappi
 
 
 # -- /v1/tokenize ----------------------------------------------------------------------------
+
 
 async def tokenize_request(request: Request) -> Response:
     """SGLang's ``/v1/tokenize``: ``prompt`` (a string or a list of them) or ``messages`` (with

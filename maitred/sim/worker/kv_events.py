@@ -51,9 +51,15 @@ class KVEventsConfig:
 
     def descriptor(self) -> dict[str, Any]:
         """The ``kv_events`` entry of ``/server_info`` (SGLang's ``describe_kv_events_publisher``)."""
-        host = self.endpoint[len("tcp://"):].rsplit(":", 1)[0]
-        return {"publisher": "zmq", "endpoint_host": host, "endpoint_port_base": self.port, "topic": self.topic,
-                "block_size": PAGE, "dp_size": 1}
+        host = self.endpoint[len("tcp://") :].rsplit(":", 1)[0]
+        return {
+            "publisher": "zmq",
+            "endpoint_host": host,
+            "endpoint_port_base": self.port,
+            "topic": self.topic,
+            "block_size": PAGE,
+            "dp_size": 1,
+        }
 
 
 class KVEventPublisher:
@@ -78,7 +84,7 @@ class KVEventPublisher:
         self._topic = config.topic.encode()
         self._seq = 0
         self._claimed: dict[str, dict[str, dict[int, int]]] = {}  # program -> medium -> page -> block hash
-        self._holders: dict[tuple[str, int], int] = {}          # (medium, block) -> programs holding it
+        self._holders: dict[tuple[str, int], int] = {}  # (medium, block) -> programs holding it
 
     def close(self) -> None:
         self._socket.close()
@@ -119,8 +125,8 @@ class KVEventPublisher:
         known = 0  # pages [0, known) of the chain are held here already, so hashing starts after them
         while known in held:
             known += 1
-        chain = [held[i] for i in range(known)] + chain_from(tokens[:hi * PAGE], known, held[known - 1] if known else 0)
-        runs: list[list[int]] = []   # contiguous runs of newly stored pages, one event each (as SGLang merges them)
+        chain = [held[i] for i in range(known)] + chain_from(tokens[: hi * PAGE], known, held[known - 1] if known else 0)
+        runs: list[list[int]] = []  # contiguous runs of newly stored pages, one event each (as SGLang merges them)
         for i in missing:
             held[i] = chain[i]
             if self._claim(medium, chain[i]):
@@ -131,10 +137,14 @@ class KVEventPublisher:
         session = self.engine.sessions.get(pid)
         for run in runs:
             event: dict[str, Any] = {
-                "type": "BlockStored", "block_hashes": [chain[i] for i in run],
+                "type": "BlockStored",
+                "block_hashes": [chain[i] for i in run],
                 "parent_block_hash": chain[run[0] - 1] if run[0] else None,
-                "token_ids": tokens[run[0] * PAGE:(run[-1] + 1) * PAGE], "block_size": PAGE, "lora_id": None,
-                "medium": medium}
+                "token_ids": tokens[run[0] * PAGE : (run[-1] + 1) * PAGE],
+                "block_size": PAGE,
+                "lora_id": None,
+                "medium": medium,
+            }
             if session is not None:
                 event["session_id"] = session
             events.append(event)

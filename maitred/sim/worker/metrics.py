@@ -26,8 +26,9 @@ def _locked_tokens(sim: SimWorker) -> int:
     worker = sim.engine.worker
     running = {r.program_id for r in worker.running}
     agents = {r.agent for r in worker.running}
-    return (sum(worker.segments[p].gpu for p in running if p in worker.segments)
-            + sum(worker.prefixes[a].tokens for a in agents if a in worker.prefixes))
+    return sum(worker.segments[p].gpu for p in running if p in worker.segments) + sum(
+        worker.prefixes[a].tokens for a in agents if a in worker.prefixes
+    )
 
 
 def _hit_rate(sim: SimWorker) -> float:
@@ -44,15 +45,24 @@ def loads_entry(sim: SimWorker, include: set[str] | None) -> dict[str, Any]:
     waiting_tokens = sum(r.context for r in worker.queue)
     uptime = max(time.time() - sim.started, 1e-9)
     load: dict[str, Any] = {
-        "timestamp": time.time(), "dp_rank": 0,
-        "num_running_reqs": len(worker.running), "num_waiting_reqs": len(worker.queue),
-        "num_waiting_uncached_tokens": waiting_tokens, "num_used_tokens": used,
-        "num_total_tokens": used + waiting_tokens, "num_active_tokens": used + waiting_tokens,
-        "num_prealloc_ready_tokens": 0, "max_total_num_tokens": sim.gpu_tokens,
-        "max_running_requests": sim.profile.max_running, "token_usage": round(used / sim.gpu_tokens, 2),
-        "gen_throughput": sim.engine.counters.generation_tokens / uptime, "cache_hit_rate": _hit_rate(sim),
+        "timestamp": time.time(),
+        "dp_rank": 0,
+        "num_running_reqs": len(worker.running),
+        "num_waiting_reqs": len(worker.queue),
+        "num_waiting_uncached_tokens": waiting_tokens,
+        "num_used_tokens": used,
+        "num_total_tokens": used + waiting_tokens,
+        "num_active_tokens": used + waiting_tokens,
+        "num_prealloc_ready_tokens": 0,
+        "max_total_num_tokens": sim.gpu_tokens,
+        "max_running_requests": sim.profile.max_running,
+        "token_usage": round(used / sim.gpu_tokens, 2),
+        "gen_throughput": sim.engine.counters.generation_tokens / uptime,
+        "cache_hit_rate": _hit_rate(sim),
         "utilization": 1.0 if worker.running else 0.0,
-        "total_prefill_uncached_tokens": worker.stats.recomputed_tokens, "total_prefill_busy_us": 0, "decode_moments": None,
+        "total_prefill_uncached_tokens": worker.stats.recomputed_tokens,
+        "total_prefill_busy_us": 0,
+        "decode_moments": None,
     }
     if include == {"core"}:
         return load
@@ -94,13 +104,18 @@ class _SimCollector(Collector):
         yield gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", _hit_rate(sim))
         yield gauge("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", sim.gpu_tokens)
         if sim.cpu_tokens:
-            yield gauge("sglang:hicache_host_used_tokens", "Number of tokens currently used in the host KV cache.", worker.host_used)
+            yield gauge(
+                "sglang:hicache_host_used_tokens", "Number of tokens currently used in the host KV cache.", worker.host_used
+            )
             yield gauge("sglang:hicache_host_total_tokens", "Total capacity of the host KV cache in tokens.", sim.cpu_tokens)
         yield counter("sglang:prompt_tokens", "Number of prefill tokens processed.", counters.prompt_tokens)
         yield counter("sglang:generation_tokens", "Number of generation tokens processed.", counters.generation_tokens)
         yield counter("sglang:num_requests", "Number of requests processed.", counters.requests)
-        cached = CounterMetricFamily("sglang:cached_tokens", "Number of cached prompt tokens by source (device/host/storage).",
-                                     labels=[*names, "cache_source"])
+        cached = CounterMetricFamily(
+            "sglang:cached_tokens",
+            "Number of cached prompt tokens by source (device/host/storage).",
+            labels=[*names, "cache_source"],
+        )
         cached.add_metric([*values, "device"], counters.cached_device)
         cached.add_metric([*values, "host"], counters.cached_host)
         yield cached

@@ -26,9 +26,9 @@ DEFAULT_CHAT_TOKENS = 16
 @dataclass(frozen=True, slots=True)
 class Reply:
     output_ids: list[int]
-    words: list[str]                       # generated words, in order (empty for a tool call)
+    words: list[str]  # generated words, in order (empty for a tool call)
     tool_calls: list[dict[str, Any]] | None
-    finish_reason: str                     # "stop", "length" or "tool_calls"
+    finish_reason: str  # "stop", "length" or "tool_calls"
 
     @property
     def text(self) -> str:
@@ -40,7 +40,9 @@ def text_reply(prompt: Prompt, max_tokens: int) -> Reply:
     return Reply(tokenize(" ".join(w := words(seq_seed(prompt.ids), max_tokens))), w, None, "length")
 
 
-def chat_reply(body: Mapping[str, Any], prompt: Prompt, max_tokens: int | None, *, script_tools: bool, script_steps: int) -> Reply:
+def chat_reply(
+    body: Mapping[str, Any], prompt: Prompt, max_tokens: int | None, *, script_tools: bool, script_steps: int
+) -> Reply:
     tools = body.get("tools")
     if script_tools and tools:
         return _scripted(body, tools, prompt, script_steps)
@@ -113,7 +115,13 @@ def _scripted(body: Mapping[str, Any], tools: Any, prompt: Prompt, script_steps:
         return Reply(tokenize(" ".join(w)) + [IM_END], w, None, "stop")
     function = _pick(tools, choice, step)
     call_id = f"call_{zlib.crc32(repr(prompt.ids[-32:]).encode()):08x}_{step}"
-    calls = [{"id": call_id, "index": 0, "type": "function",
-              "function": {"name": function["name"], "arguments": json.dumps(arguments_for(function, step))}}]
+    calls = [
+        {
+            "id": call_id,
+            "index": 0,
+            "type": "function",
+            "function": {"name": function["name"], "arguments": json.dumps(arguments_for(function, step))},
+        }
+    ]
     ids = message_body({"content": None, "tool_calls": calls}, "reply") + [IM_END]
     return Reply(ids, [], calls, "tool_calls")

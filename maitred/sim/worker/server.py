@@ -67,8 +67,9 @@ class SimWorkerThread:
             raise
         self.sim = app.state.sim
         self._server = server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-        self._thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
-                                        name=f"sim-worker :{self.config.port}")
+        self._thread = threading.Thread(
+            target=server.run, kwargs={"sockets": [sock]}, daemon=True, name=f"sim-worker :{self.config.port}"
+        )
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not server.started:
@@ -94,41 +95,88 @@ class SimWorkerThread:
 
 # -- command line ---------------------------------------------------------------------------
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``maitred sim-worker`` (SPEC section 11, plus a few of SGLang's own names)."""
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     parser.add_argument("--port", type=port, default=30000, help="port to bind (default: 30000, SGLang's)")
-    parser.add_argument("--gpu-tokens", type=whole(1, unit="whole number of tokens"), help="GPU KV capacity in tokens (default: the engine profile's)")
-    parser.add_argument("--cpu-tokens", type=whole(0, unit="whole number of tokens"), default=0,
-                        help="host (HiCache) KV capacity in tokens; 0 turns the host cache off (default: 0)")
-    parser.add_argument("--time-scale", type=positive("factor"), default=1.0,
-                        help="run the engine this many times faster than the profiled GPU (default: 1)")
-    parser.add_argument("--script-tools", action="store_true",
-                        help="answer chat requests that offer tools with deterministic tool calls, then a final message")
-    parser.add_argument("--script-steps", type=whole(0, unit="whole number of tokens"), default=3, help="tool-calling steps before the final message (default: 3)")
-    parser.add_argument("--profile", help="engine profile: a JSON file (maitred calibrate writes one) or a built-in name "
-                        "(h100-7b, h200-7b, b200x2-70b)")
-    parser.add_argument("--radix-eviction-policy", choices=("lru", "priority"), default="lru",
-                        help="as SGLang's flag: 'priority' evicts KV of lower request priority first (default: lru)")
-    parser.add_argument("--hicache-write-policy", choices=WRITE_POLICIES, default="write_through",
-                        help="as SGLang's flag, with --cpu-tokens: write_through copies each block to host memory as it "
-                        "is cached, so host memory mirrors the GPU; write_back copies a block when it leaves the GPU "
-                        "and the eviction waits for the copy, so host memory adds to the GPU's (default: write_through)")
-    parser.add_argument("--kv-events-config", metavar="JSON",
-                        help='as SGLang\'s flag: publish KV events, e.g. \'{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557"}\'')
-    parser.add_argument("--model-path", default=str(MODEL_DIR),
-                        help="model folder reported to clients; must hold a tokenizer.json (default: the bundled word-level one)")
-    parser.add_argument("--served-model-name", default=SERVED_MODEL_NAME, help=f"model name in responses (default: {SERVED_MODEL_NAME})")
+    parser.add_argument(
+        "--gpu-tokens",
+        type=whole(1, unit="whole number of tokens"),
+        help="GPU KV capacity in tokens (default: the engine profile's)",
+    )
+    parser.add_argument(
+        "--cpu-tokens",
+        type=whole(0, unit="whole number of tokens"),
+        default=0,
+        help="host (HiCache) KV capacity in tokens; 0 turns the host cache off (default: 0)",
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=positive("factor"),
+        default=1.0,
+        help="run the engine this many times faster than the profiled GPU (default: 1)",
+    )
+    parser.add_argument(
+        "--script-tools",
+        action="store_true",
+        help="answer chat requests that offer tools with deterministic tool calls, then a final message",
+    )
+    parser.add_argument(
+        "--script-steps",
+        type=whole(0, unit="whole number of tokens"),
+        default=3,
+        help="tool-calling steps before the final message (default: 3)",
+    )
+    parser.add_argument(
+        "--profile",
+        help="engine profile: a JSON file (maitred calibrate writes one) or a built-in name (h100-7b, h200-7b, b200x2-70b)",
+    )
+    parser.add_argument(
+        "--radix-eviction-policy",
+        choices=("lru", "priority"),
+        default="lru",
+        help="as SGLang's flag: 'priority' evicts KV of lower request priority first (default: lru)",
+    )
+    parser.add_argument(
+        "--hicache-write-policy",
+        choices=WRITE_POLICIES,
+        default="write_through",
+        help="as SGLang's flag, with --cpu-tokens: write_through copies each block to host memory as it "
+        "is cached, so host memory mirrors the GPU; write_back copies a block when it leaves the GPU "
+        "and the eviction waits for the copy, so host memory adds to the GPU's (default: write_through)",
+    )
+    parser.add_argument(
+        "--kv-events-config",
+        metavar="JSON",
+        help='as SGLang\'s flag: publish KV events, e.g. \'{"publisher": "zmq", "endpoint": "tcp://127.0.0.1:5557"}\'',
+    )
+    parser.add_argument(
+        "--model-path",
+        default=str(MODEL_DIR),
+        help="model folder reported to clients; must hold a tokenizer.json (default: the bundled word-level one)",
+    )
+    parser.add_argument(
+        "--served-model-name", default=SERVED_MODEL_NAME, help=f"model name in responses (default: {SERVED_MODEL_NAME})"
+    )
     parser.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
 
 
 def config_from_args(args: argparse.Namespace) -> SimWorkerConfig:
     return SimWorkerConfig(
-        gpu_tokens=args.gpu_tokens, cpu_tokens=args.cpu_tokens, time_scale=args.time_scale, script_tools=args.script_tools,
-        script_steps=args.script_steps, profile=args.profile, model_path=args.model_path,
-        served_model_name=args.served_model_name, radix_eviction_policy=args.radix_eviction_policy,
-        hicache_write_policy=args.hicache_write_policy, kv_events_config=args.kv_events_config,
-        host=args.host, port=args.port,
+        gpu_tokens=args.gpu_tokens,
+        cpu_tokens=args.cpu_tokens,
+        time_scale=args.time_scale,
+        script_tools=args.script_tools,
+        script_steps=args.script_steps,
+        profile=args.profile,
+        model_path=args.model_path,
+        served_model_name=args.served_model_name,
+        radix_eviction_policy=args.radix_eviction_policy,
+        hicache_write_policy=args.hicache_write_policy,
+        kv_events_config=args.kv_events_config,
+        host=args.host,
+        port=args.port,
     )
 
 

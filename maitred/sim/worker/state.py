@@ -13,7 +13,7 @@ from maitred.sim.worker.config import SimWorkerConfig
 from maitred.sim.worker.engine import RealtimeEngine
 from maitred.sim.worker.kv_events import KVEventPublisher, KVEventsConfig
 
-CONTEXT_LENGTH = 131_072           # the bundled config.json's max_position_embeddings
+CONTEXT_LENGTH = 131_072  # the bundled config.json's max_position_embeddings
 
 
 class SimWorker:
@@ -28,8 +28,15 @@ class SimWorker:
         self.gpu_tokens = config.gpu_tokens or self.profile.gpu_kv_tokens
         self.cpu_tokens = config.cpu_tokens
         typed = config.radix_eviction_policy == "priority"
-        worker = WorkerModel("sim", self.profile, self.gpu_tokens, self.cpu_tokens, offload=self.cpu_tokens > 0, typed_eviction=typed,
-                        write_back=config.hicache_write_policy == "write_back")
+        worker = WorkerModel(
+            "sim",
+            self.profile,
+            self.gpu_tokens,
+            self.cpu_tokens,
+            offload=self.cpu_tokens > 0,
+            typed_eviction=typed,
+            write_back=config.hicache_write_policy == "write_back",
+        )
         self.engine = RealtimeEngine(worker, config.time_scale)
         self.started = time.time()
         self.max_input = min(CONTEXT_LENGTH, self.gpu_tokens) - 1

@@ -81,8 +81,8 @@ def count_tokens(text: str) -> int:
 @dataclass(frozen=True, slots=True)
 class Prompt:
     ids: list[int]
-    prefix: int        # leading tokens shared by every program of the same agent
-    agent: str         # key of that shared prefix ("" when there is none)
+    prefix: int  # leading tokens shared by every program of the same agent
+    agent: str  # key of that shared prefix ("" when there is none)
 
 
 def _content_text(content: Any, where: str) -> str:

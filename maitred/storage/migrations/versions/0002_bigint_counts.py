@@ -12,8 +12,8 @@ Create Date: 2026-11-30 13:45:00
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0002'
-down_revision = '0001'
+revision = "0002"
+down_revision = "0001"
 branch_labels = None
 depends_on = None
 
