@@ -18,6 +18,7 @@ demo: $(STAMP)
 # The gates run first: a lint or type error fails `make test` like a failing test does.
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
