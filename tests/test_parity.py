@@ -34,6 +34,10 @@ from maitred.sim.traces import ProgramTrace, Step, ToolCall, Trace
 
 #: first prompt of each program; each later step adds 1,000 tokens (its answer and a tool result)
 SIZES = (20_000, 3_000, 4_000, 2_000)
+#: Tool calls of 1.4, 1.7 or 2.0 s, programs 1.5 s apart: chosen (from a grid of durations and
+#: gaps, by replaying each) so that no model call starts or ends within 0.36 s of a 5 s step of
+#: ThunderAgent or MORI — a live step's HTTP time (tens of milliseconds) then never changes
+#: which programs a step sees acting, and the parity runs test rules, not luck.
 
 
 def parity_trace() -> Trace:
@@ -41,7 +45,7 @@ def parity_trace() -> Trace:
     for i, size in enumerate(SIZES):
         agent = "coder" if i % 2 else "planner"
         steps = tuple(
-            Step(agent, size + 1_000 * k, 30 + 10 * i, tools=(ToolCall("Bash", 1.5 + 0.5 * ((i + k) % 3)),)) for k in range(3)
+            Step(agent, size + 1_000 * k, 30 + 10 * i, tools=(ToolCall("Bash", 1.4 + 0.3 * ((i + k) % 3)),)) for k in range(3)
         )
         programs.append(ProgramTrace(f"p{i}", steps))
     return Trace("parity", programs, {"planner": 500, "coder": 800})

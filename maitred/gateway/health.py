@@ -19,6 +19,8 @@ from maitred.runtime.hicache import WRITE_BACK_BELOW_RATIO, write_back_for
 from maitred.runtime.state import RuntimeState
 
 log = logging.getLogger("maitred.service")
+#: the longest a step waits for a worker's load before planning on its last reading
+LOAD_TIMEOUT_S = 0.2
 
 
 @dataclass(slots=True)
@@ -43,6 +45,20 @@ class WorkerWatch:
         self.backends, self.state, self.metrics = backends, state, metrics
         self.fail_after, self.policy, self.on_change = fail_after, policy, on_change
         self._health = {url: _Health() for url in backends}
+
+    async def refresh_loads(self) -> None:
+        """Each healthy worker's load (``/v1/loads``) read just before a step plans, as the replay
+        observes its engines at every step: a policy that counts the engine's own KV use
+        (ThunderAgent's shared tokens) plans on what is there now, not on the last poll. A
+        worker that does not answer within ``LOAD_TIMEOUT_S`` keeps its last reading (its
+        health is the polling's business)."""
+        urls = [url for url, w in self.state.workers.items() if w.healthy]
+        loads = await asyncio.gather(
+            *(asyncio.wait_for(self.backends[url].load(), LOAD_TIMEOUT_S) for url in urls), return_exceptions=True
+        )
+        for url, load in zip(urls, loads):
+            if not isinstance(load, BaseException):
+                self.state.observe_worker(url, queued_requests=load.waiting, used_tokens=load.used_tokens)
 
     async def check_all(self) -> None:
         await asyncio.gather(*(self.check(url) for url in self.backends))

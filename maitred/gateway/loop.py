@@ -439,6 +439,7 @@ class LiveDriver:
         """One scheduler step; never raises (a failure routes held requests plainly)."""
         started = time.perf_counter()
         try:
+            await self.watch.refresh_loads()
             snapshot = self.state.snapshot()
             plan, counts = await asyncio.get_running_loop().run_in_executor(self._executor, self._plan, snapshot, self.clock())
             result = self.core.apply(plan, self.clock())

@@ -84,10 +84,17 @@ def _extend(program_id: str, context: list[int], agent_prefix: int, tokens: int)
 
 
 class _Player:
-    """One program of the trace played against the gateway, as an agent would."""
+    """One program of the trace played against the gateway, as an agent would. Each tool call
+    ends at the instant it ends in the replay (``tool_ends``, seconds from the start), not its
+    duration after the live model call returned: a live step's few milliseconds of HTTP then
+    never add up over a program, and a 5 s step sees the same programs acting in both drivers."""
 
-    def __init__(self, url: str, pid: str, trace: ProgramTrace, prefix: dict[str, int], delay_s: float) -> None:
+    def __init__(
+        self, url: str, pid: str, trace: ProgramTrace, prefix: dict[str, int], delay_s: float, tool_ends: list[float]
+    ) -> None:
         self.url, self.pid, self.trace, self.prefix, self.delay_s = url, pid, trace, prefix, delay_s
+        self.tool_ends = tool_ends
+        self.began = 0.0
         self.ttft: list[float] = []
         self.context: list[int] = []
         self.output_tokens = 0
@@ -100,7 +107,7 @@ class _Player:
 
     def __call__(self) -> None:
         try:
-            time.sleep(self.delay_s)
+            time.sleep(max(self.began + self.delay_s - time.time(), 0.0))
             with httpx.Client(timeout=120) as client:
                 self.events(client, {"type": "program.start", "agent": self.trace.steps[0].agent})
                 ending: list[dict[str, Any]] = []
@@ -109,7 +116,8 @@ class _Player:
                     for k, tool in enumerate(step.tools):
                         call = f"c{n}.{k}"
                         self.events(client, {"type": "tool.start", "call_id": call, "tool": tool.name, "agent": step.agent})
-                        time.sleep(tool.duration_s)
+                        ends = self.began + self.tool_ends.pop(0)
+                        time.sleep(max(ends - time.time(), 0.0))
                         ending = [{"type": "tool.end", "call_id": call, "status": "ok", "duration_s": tool.duration_s}]
                         if n + 1 < len(self.trace.steps) or k + 1 < len(step.tools):
                             self.events(client, *ending)
@@ -165,7 +173,8 @@ def live_side(trace: Trace, setup: ParitySetup) -> ParityRun:
     from maitred.sim.worker.app import create_app
     from maitred.sim.worker.config import SimWorkerConfig
 
-    replay = Replay(trace, setup.run_config(trace))  # the slots' order and the workers' capacities
+    replay = Replay(trace, setup.run_config(trace))  # the slots' order, the workers, and when each tool ends
+    replay.run()
     host = int(setup.gpu_tokens * setup.cpu_ratio) if replay.sim.offload else 0
     write_policy = "write_back" if replay.state.workers["w0"].write_back else "write_through"
     with ExitStack() as stack:
@@ -189,18 +198,22 @@ def live_side(trace: Trace, setup: ParitySetup) -> ParityRun:
         runtime = LiveConfig(policy=replay.sim.runtime, priority=replay.core.cfg.priorities, journal=True, poll_s=0.5)
         gateway = build_app(ServeConfig(sorted(names), db_url=None, wait_for_workers_s=10, runtime=runtime))
         server = stack.enter_context(BackgroundServer(gateway.app))
+        pids = [f"{trace.programs[i].program_id}#{slot}" for slot, i in enumerate(replay.order)]
         players = [
             _Player(
                 server.url,
-                f"{trace.programs[i].program_id}#{slot}",
+                pid,
                 trace.programs[i],
                 trace.prefix_tokens,
                 slot * setup.start_gap_s,
+                list(replay.tool_ends.get(pid, ())),
             )
-            for slot, i in enumerate(replay.order)
+            for slot, (i, pid) in enumerate(zip(replay.order, pids))
         ]
         _after_a_step(server.url)  # the replay's steps fall at 0, period, 2 × period, ... from its start
         began = time.time()
+        for p in players:
+            p.began = began
         threads = [threading.Thread(target=p, daemon=True) for p in players]
         for t in threads:
             t.start()

@@ -113,6 +113,9 @@ class Replay:
         self.instances = itertools.count()
         self.ttft: list[float] = []
         self.ttft_by_program: dict[str, list[float]] = {}
+        #: when each tool call ends, per program in order (``once`` runs: the parity harness plays
+        #: the live side to these instants, so its lag does not add up from step to step)
+        self.tool_ends: dict[str, list[float]] = {}
         self.handoff_ttft: list[float] = []
         # a handed-off program until its consumer's first request: None, then that request
         self.consumers: dict[str, Request | None] = {}
@@ -285,6 +288,8 @@ class Replay:
             tool = step.tools[run.tool]
             run.call_seq += 1
             call_id = f"c{run.call_seq}"
+            if self.cfg.once:
+                self.tool_ends.setdefault(run.pid, []).append(t + tool.duration_s)
             self.core.observe(
                 ToolStart(
                     ts=ts,
