@@ -313,7 +313,7 @@ def test_each_policy_runs_at_its_published_cadence_and_hold_bound():
     urgent = {name for name in SIM_POLICIES if RunConfig(name, 1).cadence.urgent_s is not None}
     # maitred (and its variants and the references run on it); the others wait for their period
     assert urgent == {"maitred", "maitred_no_preprefill", "maitred_write_through", "oracle", "clairvoyant"}
-    assert RunConfig("maitred", 1).hold == 300.0  # the gateway's default, the same in the replay
+    assert RunConfig("maitred", 1).hold == 1800.0  # the gateway's default, the same in the replay
     with pytest.raises(ValueError, match="hold_timeout_s"):
         RunConfig("mori", 1, hold_timeout_s=-1)
 

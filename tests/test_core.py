@@ -137,7 +137,7 @@ def test_the_hold_bound_and_cadence_are_the_policys_in_both_drivers():
         assert RunConfig(name, 1).cadence == cadence
         runtime = LiveDriver({}, live)
         assert runtime.core.cadence == cadence and runtime.state.cfg.period_s == cadence.period_s
-    assert make_policy("maitred").cadence.hold_s == HOLD_TIMEOUT_S == 300.0
+    assert make_policy("maitred").cadence.hold_s == HOLD_TIMEOUT_S == 1800.0
     assert make_policy("thunderagent").cadence.hold_s == 1800.0 and make_policy("thunderagent").cadence.period_s == 5.0
 
 
@@ -242,7 +242,7 @@ async def test_a_held_request_whose_client_leaves_stops_wanting_the_gpu():
 @pytest.mark.anyio
 async def test_a_program_that_ends_while_held_has_its_request_let_through():
     """A late ``program.end`` racing the program's next request: no step can admit a program the
-    state no longer has, so the held request goes at once instead of waiting out the 300 s bound."""
+    state no longer has, so the held request goes at once instead of waiting out the hold bound."""
     import asyncio
 
     from maitred.events import ProgramEnd

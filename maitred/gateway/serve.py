@@ -115,7 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=seconds,
         default=None,
         help="longest a request is held before it is let through anyway (default: the policy's: "
-        f"{HOLD_TIMEOUT_S:g} s for maitred, ThunderAgent's 1800 s for the baselines; keep it under "
+        f"{HOLD_TIMEOUT_S:g} s, ThunderAgent's, for every policy; keep it under "
         "your clients' request timeout)",
     )
     parser.add_argument(

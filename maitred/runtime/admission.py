@@ -9,12 +9,16 @@ import math
 from dataclasses import dataclass
 
 #: maitred's bounded wait of a held request before it is let through anyway, live and in the
-#: replay. A forced request overfills the GPU and every running program pays in evictions and
-#: recompute, so a longer hold serves more (synthetic C = 80 ×1, one hour, ``maitred bench replay
-#: ... --policy maitred --hold-timeout S``: BENCHMARKS.md, "Hold bound"); but a hold longer than
-#: the request timeout of common clients (the OpenAI SDK's and LiteLLM's 600 s) turns into client
-#: errors, so maitred's default stays under it.
-HOLD_TIMEOUT_S = 300.0
+#: replay: ThunderAgent's 1,800 s. A forced request overfills the GPU and every running program
+#: pays in evictions and recompute, so a short bound loses most where memory is shortest:
+#: ``maitred bench replay --policy maitred --concurrency 80 --cpu-ratio 1 --hold-timeout S``
+#: (BENCHMARKS.md, "Hold bound") on the 70B profile makes 361 tok/s at 300 s, 482 at 1,800 s
+#: (ThunderAgent+offload 476), and on the H100 synthetic workload 799 at 300 s, 838 at 600 s,
+#: 856 at 1,800 s. An SGLang server under overload queues requests without any bound, so a
+#: gateway hold is no longer than what clients already meet there; a client whose request
+#: timeout is shorter (the OpenAI SDK's and LiteLLM's 600 s) should raise it, or the operator
+#: lower ``maitred serve --hold-timeout`` at that measured cost.
+HOLD_TIMEOUT_S = 1800.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ the engine model says. Deterministic for a seed.
 Each policy runs at its own cadence and hold bound (``Policy.cadence``, each with its source),
 in the gateway as here: ThunderAgent and MORI step every 5 s and let a held request through
 after 1,800 s; TAO every 1 s; maitred every 1 s and 50 ms after a request is held or a handoff
-arrives, with the gateway's 300 s hold (``maitred.runtime.admission.HOLD_TIMEOUT_S``). A new
+arrives, with the same 1,800 s hold (``maitred.runtime.admission.HOLD_TIMEOUT_S``). A new
 program's first request is admitted by the policy's own arrival rule where it has one.
 
 The replay holds every prompt it replays, so a warmup the core admits is always sendable: a
