@@ -321,6 +321,11 @@ def main() -> None:
         ttfbs = ttfb({"direct": workers[0], "gateway": gateway}, 200)
         result["stream_ttfb_ms_direct_p50"] = round(ttfbs["direct"], 3)
         result["stream_ttfb_ms_gateway_p50"] = round(ttfbs["gateway"], 3)
+        result["burst"] = asyncio.run(burst(gateway, args.streams, "burst"))
+        print(f"burst: {result['burst']}", file=sys.stderr)
+        if args.burst_large:
+            result["burst_large"] = asyncio.run(burst(gateway, args.burst_large, "burst-large"))
+            print(f"large burst: {result['burst_large']}", file=sys.stderr)
         first: dict[str, float] = {}
         known = 0
         for size in (0, 1_000, 10_000):
@@ -332,11 +337,6 @@ def main() -> None:
         print(f"first request, added ms by programs known: {first}", file=sys.stderr)
         result["first_request_added_ms"] = first
         result["first_request_ratio_10k_vs_0"] = round(first["10000"] / first["0"], 3) if first["0"] > 0 else None
-        result["burst"] = asyncio.run(burst(gateway, args.streams, "burst"))
-        print(f"burst: {result['burst']}", file=sys.stderr)
-        if args.burst_large:
-            result["burst_large"] = asyncio.run(burst(gateway, args.burst_large, "burst-large"))
-            print(f"large burst: {result['burst_large']}", file=sys.stderr)
         lat10k = latencies({"direct": workers[0], "gateway": gateway}, max(args.requests // 2, 200), args.programs)
         result["programs_in_state"] = httpx.get(gateway + "/healthz").json()["programs"]
         result["added_ms_p50_10k_programs"] = round(

@@ -285,3 +285,24 @@ def test_a_warmup_that_cannot_be_sent_takes_no_slot_of_one_that_can():
     admitted = [(w.program_id, w.kind) for w in result.decision.warmups]
     assert not [w for w in admitted if w[0].startswith("h")], admitted  # the policy never admits them
     assert result.warmups == result.decision.warmups
+
+
+def test_a_held_request_whose_client_disconnects_is_dropped_not_sent_later():
+    """Through the HTTP app: a client that gives up on a held request (its timeout) leaves
+    nothing held and no program wanting the GPU, instead of the request going to a worker when
+    its hold (1,800 s) ends."""
+    import time
+
+    with SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=20_000, time_scale=20.0)) as sim:
+        gateway = build_app(ServeConfig([sim.url], runtime=LiveConfig(tick_s=0.2, poll_s=0.2), wait_for_workers_s=10))
+        with BackgroundServer(gateway.app) as server:
+            body = {"model": "sim", "program_id": "big", "max_tokens": 1, "prompt": "word " * 120_000}
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(30, read=1.0))
+            deadline = time.monotonic() + 10
+            while httpx.get(server.url + "/healthz", timeout=5).json()["requests_held"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert httpx.get(server.url + "/healthz", timeout=5).json()["requests_held"] == 0
+            assert httpx.get(server.url + "/v1/programs/big", timeout=5).json()["phase"] == "acting"
+            metrics = httpx.get(server.url + "/metrics", timeout=5).text
+            assert 'maitred_requests_total{endpoint="completions",outcome="client_gone"} 1.0' in metrics

@@ -19,9 +19,11 @@ httpx's client took 3.6 ms and through aiohttp's 1.2 ms: the difference alone is
 gateway's whole 1 ms added-latency budget.
 """
 
+import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,9 +31,10 @@ import aiohttp
 import orjson
 from fastapi import FastAPI, Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive
 
 from maitred.gateway.guard import HTTPProblem, error_response, parse_json_object, read_body
-from maitred.gateway.loop import LiveDriver, NoWorkerAvailable
+from maitred.gateway.loop import Admission, LiveDriver, NoWorkerAvailable
 from maitred.gateway.programid import take_program_id
 from maitred.gateway.usage import PromptSize, SSEUsage, Usage, prompt_size, usage_of, warm_prompt
 
@@ -101,7 +104,10 @@ class Proxy:
         endpoint = ENDPOINTS[request.url.path]
         try:
             call = self._prepare(endpoint, request.url.path, await read_body(request, self.cfg.max_body_bytes), request)
-            return await self._send(call)
+            return await self._send(call, request.receive)
+        except ClientGone:
+            self.runtime.metrics.requests.labels(endpoint, "client_gone").inc()
+            return Response(status_code=499)  # nobody reads it: the client left while the request was held
         except HTTPProblem as exc:
             self.runtime.metrics.requests.labels(endpoint, "refused").inc()
             return exc.response()
@@ -136,7 +142,7 @@ class Proxy:
                 call.injected_usage = call.changed = True
         return call
 
-    async def _send(self, call: _Call) -> Response:
+    async def _send(self, call: _Call, receive: Receive) -> Response:
         runtime, body = self.runtime, call.body
         model = body.get("model") if isinstance(body.get("model"), str) else None
         prompt = warm_prompt(body)
@@ -145,13 +151,16 @@ class Proxy:
         size = call.size = prompt_size(body)
         estimate = runtime.estimate_prompt(call.program_id, size)
         for attempt in range(self.cfg.max_attempts):
-            admission = await runtime.admit(
-                call.program_id,
-                request_id=call.request_id,
-                agent=None,
-                model=model,
-                prompt_tokens=estimate,
-                store=not call.anonymous,
+            admission = await _unless_gone(
+                runtime.admit(
+                    call.program_id,
+                    request_id=call.request_id,
+                    agent=None,
+                    model=model,
+                    prompt_tokens=estimate,
+                    store=not call.anonymous,
+                ),
+                receive,
             )
             worker = admission.worker
             priority = runtime.priority_for(call.program_id, worker)
@@ -259,6 +268,36 @@ class Proxy:
         return _Relay(
             piped.relay(first, chunks), on_close=piped.close, media_type=upstream.headers.get("content-type", "text/event-stream")
         )
+
+
+class ClientGone(Exception):
+    """The client closed its connection while its request was held: nothing is sent for it."""
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_gone(admitting: Coroutine[Any, Any, Admission], receive: Receive) -> Admission:
+    """The admission, unless the client leaves first: a held request whose client is gone is
+    dropped (its program stops wanting the GPU, ``LiveDriver.admit``) instead of being sent to a
+    worker when its hold ends. A request admitted at once pays one pass of the event loop."""
+    task = asyncio.ensure_future(admitting)
+    await asyncio.sleep(0)
+    if task.done():
+        return task.result()
+    watcher = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    raise ClientGone
 
 
 class _Piped:
