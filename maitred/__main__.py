@@ -12,9 +12,9 @@ from collections.abc import Sequence
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:2] == ["hook", "claude-code"]:
-        from maitred.integrations import claude_code
+        from maitred.integrations import claude_code_hook
 
-        return claude_code.main(args[2:])
+        return claude_code_hook.main(args[2:])
     from maitred.cli import main as cli_main
 
     return cli_main(args)

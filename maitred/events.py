@@ -46,6 +46,9 @@ PROGRAM_ID_HEADERS = ("x-program-id", "x-litellm-session-id", "x-claude-code-ses
 #: ``version``, written by the store and checked by the simulator's reader.
 TRACE_FORMAT = "maitred-trace"
 TRACE_VERSION = 1
+#: The ``program.wait`` reason of a program that stopped on its own background work (Claude
+#: Code's ``Stop`` while subagents or background commands still run): it resumes by itself.
+BACKGROUND_WAIT = "background"
 #: Clocks drift; an event stamped further ahead than this is a bug in the sender, not skew.
 MAX_FUTURE_SKEW_S = 300.0
 #: Integers the store holds: 64-bit signed columns (SQLite INTEGER, PostgreSQL BIGINT).

@@ -40,8 +40,9 @@ class EventServer:
     """A stdlib HTTP server that accepts POST /v1/events, failing the first ``fail_first``
     requests with 503 so retry behaviour can be observed."""
 
-    def __init__(self, fail_first: int = 0) -> None:
+    def __init__(self, fail_first: int = 0, port: int = 0) -> None:
         self.bodies: list[list[dict]] = []
+        self.headers: list[dict[str, str]] = []
         self.auth: list[str | None] = []
         self.fail_first = fail_first
         self.requests = 0
@@ -57,6 +58,7 @@ class EventServer:
                     self.end_headers()
                     return
                 server.auth.append(self.headers.get("authorization"))
+                server.headers.append({k.lower(): v for k, v in self.headers.items()})
                 server.bodies.append(json.loads(body))
                 self.send_response(200)
                 self.send_header("content-type", "application/json")
@@ -66,7 +68,7 @@ class EventServer:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 

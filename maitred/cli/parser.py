@@ -214,7 +214,7 @@ def _add_plugged(sub: Any) -> None:
     import only the standard library at top level (FastAPI, uvicorn and the engine load inside
     ``run``), own their flags, defaults and error messages, and are called as they are."""
     from maitred.gateway import serve
-    from maitred.integrations import claude_code
+    from maitred.integrations import claude_code_hook
     from maitred.sim.worker import server as simworker
 
     def plug(
@@ -254,8 +254,8 @@ def _add_plugged(sub: Any) -> None:
         hook,
         "claude-code",
         "record one Claude Code hook payload read on stdin (always exits 0)",
-        claude_code.add_arguments,
-        claude_code.run,
+        claude_code_hook.add_arguments,
+        claude_code_hook.run,
     )
 
 

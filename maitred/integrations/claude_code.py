@@ -5,8 +5,9 @@ Two ways in, one mapping:
 - ``type: http`` hooks post the raw payload to the runtime's ``POST /v1/hooks/claude-code``,
   which calls ``to_events(payload, now)``.
 - ``type: command`` hooks run ``maitred hook claude-code`` (or ``python -m
-  maitred.integrations.claude_code``): ``run`` reads the payload on stdin, maps it, and sends
-  the events to the runtime (``MAITRED_URL``) or, without one, to the store (``MAITRED_DB``).
+  maitred.integrations.claude_code``): ``maitred.integrations.claude_code_hook`` maps the
+  payload on stdin with ``wire_events`` and spools the events for a deliverer that sends them,
+  in order, to the runtime (``MAITRED_URL``) or the store (``MAITRED_DB``).
 
 Mapping (one payload gives zero, one or two events; ``now`` stamps them all):
 
@@ -25,7 +26,8 @@ Mapping (one payload gives zero, one or two events; ``now`` stamps them all):
                                 a ``handoff`` main -> ``agent_type`` naming the child
 ``SubagentStop``                ``program.end`` of the child and the hand-back ``handoff``
                                 ``agent_type`` -> main with its last message as shared context
-``Stop``                        ``program.wait`` (the human), unless ``background_tasks`` still run
+``Stop``                        ``program.wait``: reason ``human``, or ``background`` while
+                                ``background_tasks`` still run (the session resumes by itself)
 ``StopFailure``                 ``program.wait`` (a turn that ended on an API error waits too)
 ``UserPromptSubmit``            ``program.resume`` (``source: user``, and wake-ups alike: any
                                 prompt ends the wait)
@@ -39,27 +41,32 @@ payload maps on its own and the pairing lives in the events themselves:
   program exactly, parallel subagents included.
 - ``Stop`` -> ``UserPromptSubmit`` is a ``program.wait`` then a ``program.resume``; the store
   and the runtime pair them by time (a resume with no open wait is a no-op there).
-- The ``Agent`` tool call stays open on the parent program while the child runs (the parent is
-  *acting*: waiting on a child counts as tool time). ``SubagentStart`` carries no
-  ``tool_use_id``, so which ``Agent`` call spawned which child is known only by order: the k-th
-  ``Agent:<type>`` ``tool.start`` of a session pairs with the k-th child program of that
-  ``agent_type``. That is exact for subagents run one at a time and for parallel subagents of
-  different types; for parallel subagents of the *same* type the start order need not follow
-  the call order, so that pairing (and only it) is ambiguous. For the same reason the handoff
-  carries the ``Agent`` call's prompt only when ``SubagentStart`` itself carries one.
+- Subagents run in the foreground or the background. In the foreground (``run_in_background:
+  false``) the ``Agent`` call stays open on the parent while the child runs: the parent is
+  *acting*, as waiting on a child counts as tool time, and its ``PostToolUse`` comes after the
+  child's ``SubagentStop``. In the background (Claude Code 2.1's default) the ``Agent`` call
+  ends within milliseconds (``tool_response``: ``{"isAsync": true, "status":
+  "async_launched", "agentId": ...}``), the parent goes on, and its ``Stop`` lists the child
+  under ``background_tasks`` (a ``background`` wait); the child's end comes back as a
+  ``UserPromptSubmit`` whose prompt is a ``<task-notification>``, which resumes the parent.
+  Either way ``tool_response.agentId`` names the child of each ``Agent`` call.
+- Model requests of a subagent carry the *parent's* session id (``x-claude-code-session-id``
+  and ``metadata.user_id``). The runtime gives such a request to the child when that is
+  unambiguous: exactly one child runs and the parent is blocked on a tool call or waiting
+  (``RuntimeState.speaker``). With parallel subagents, or a background child while the parent
+  itself works, nothing on the wire tells them apart and the request stays on the parent.
+- Timestamps: payloads carry none, so an event is stamped when its hook process starts, and
+  async hook processes race: a fast call's end can be stamped before its start. The end's
+  ``duration_ms`` is exact, and the store places the start by it (an end never precedes its
+  start there).
 
-Speed: a command hook runs once per tool call, so ``run`` keeps to the standard library on its
-hot path (no pydantic, httpx or SQLAlchemy: ``wire_events`` builds the wire form directly) and
-posts to the runtime with ``http.client``. Without a runtime, the store write (SQLAlchemy, the
-migration check) is handed to a detached writer process so the hook itself exits at once.
-It never fails the hook: exit status 0 always, one line on stderr for anything it dropped.
+Speed: a command hook runs once per tool call, so the hook keeps to the standard library
+(no pydantic, httpx or SQLAlchemy: ``wire_events`` builds the wire form directly); what it
+costs and why it spools is in ``maitred.integrations.claude_code_hook``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import re
 import sys
 import time
@@ -72,12 +79,9 @@ if TYPE_CHECKING:
 __all__ = [
     "HOOK_EVENTS",
     "HookPayloadError",
-    "add_arguments",
     "child_program_id",
     "command_word",
     "handle_payload",
-    "main",
-    "run",
     "to_events",
     "wire_events",
 ]
@@ -87,6 +91,9 @@ FRAMEWORK = "claude-code"
 MAIN_AGENT = "main"
 #: Claude Code 2.1 calls the subagent tool ``Agent``; earlier versions called it ``Task``.
 AGENT_TOOLS = frozenset({"Agent", "Task"})
+#: ``program.wait`` reason of a session that stopped on its own background work
+#: (``maitred.events.BACKGROUND_WAIT``, spelled out so the hook imports nothing heavy).
+BACKGROUND = "background"
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _MAX_WORD = 128
 _PROG = "maitred hook claude-code"
@@ -318,7 +325,9 @@ def _stop(p: Mapping[str, Any], session: str, now: float) -> list[Wire]:
     if tasks is not None and not isinstance(tasks, list):
         raise HookPayloadError("background_tasks", f"must be a list, got a {type(tasks).__name__}")
     if any(isinstance(t, Mapping) and t.get("status", "running") == "running" for t in tasks or ()):
-        return []  # paused on its own background work, not waiting for the human
+        # The turn ended on its own background work (a subagent, a background command): the
+        # session resumes when that work reports back, not when a person answers.
+        return [_event("program.wait", now, session, MAIN_AGENT, reason=BACKGROUND)]
     return [_event("program.wait", now, session, MAIN_AGENT, reason="human")]
 
 
@@ -402,178 +411,7 @@ def handle_payload(payload: Mapping[str, Any], now: float | None = None) -> int:
     return len(events)
 
 
-# -- the command hook -------------------------------------------------------------------------
+if __name__ == "__main__":  # ``python -m maitred.integrations.claude_code``: the command hook
+    from maitred.integrations.claude_code_hook import main
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of ``maitred hook claude-code`` (the payload itself comes on stdin)."""
-    parser.add_argument("--runtime-url", default=None, help="maitred runtime to send to (default: $MAITRED_URL)")
-    parser.add_argument(
-        "--db",
-        default=None,
-        help="store to write to without a runtime, or when it is down "
-        "(default: $MAITRED_DB; without a runtime, sqlite:///maitred.db)",
-    )
-    parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the runtime or the store (default 3)")
-    parser.add_argument(
-        "--foreground", action="store_true", help="write to the store before exiting instead of in a detached background process"
-    )
-    # How the hook hands a store write to its detached writer (internal).
-    parser.add_argument("--payload-file", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--received-at", type=float, default=None, help=argparse.SUPPRESS)
-
-
-def _log(message: str) -> None:
-    sys.stderr.write(f"{_PROG}: {message}\n")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Read one payload on stdin and deliver its events. Always 0: a hook must never fail."""
-    try:
-        if args.payload_file:  # the detached writer: the payload the hook left, stamped when it arrived
-            os.nice(10)  # a background write: the agent and its tools go first
-            with open(args.payload_file, "rb") as handed:
-                raw = handed.read()
-            os.unlink(args.payload_file)
-            _deliver(args, raw, args.received_at or time.time())
-        else:
-            _deliver(args, sys.stdin.buffer.read(), time.time())
-    except Exception as exc:  # the last guard: whatever happens, Claude Code goes on
-        _log(f"hook ignored: {type(exc).__name__}: {exc}")
-    return 0
-
-
-def _deliver(args: argparse.Namespace, raw: bytes, now: float) -> None:
-    try:
-        payload = json.loads(raw)
-    except ValueError as exc:
-        _log(f"hook ignored: the payload on stdin is not JSON ({exc})")
-        return
-    try:
-        events = wire_events(payload, now)
-    except HookPayloadError as exc:
-        _log(
-            f"hook ignored: malformed {payload.get('hook_event_name', 'hook') if isinstance(payload, dict) else 'hook'} payload: {exc}"
-        )
-        return
-    if not events:
-        return
-    url = args.runtime_url or os.environ.get("MAITRED_URL")
-    db = args.db or os.environ.get("MAITRED_DB")
-    if url:
-        error = _post(url, events, os.environ.get("MAITRED_TOKEN"), args.timeout)
-        if error is None:
-            return
-        if not db:
-            _log(f"{len(events)} events dropped: the runtime at {url} {error} (set MAITRED_DB to keep them in the store)")
-            return
-    if args.foreground or args.payload_file:
-        _write_store(payload, now, db, args.timeout)
-    else:
-        _detached(raw, now, db, args.timeout)
-
-
-def _post(url: str, events: list[Wire], token: str | None, timeout: float) -> str | None:
-    """POST the events to ``<url>/v1/events``; None on success, else what went wrong.
-
-    ``http.client`` rather than the middleware's ``HttpSink`` (httpx): this runs in a process
-    that lives for one payload, where importing httpx alone costs more than the whole hook."""
-    import http.client
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url.rstrip("/"))
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"URL {url!r} is not http(s)://HOST[:PORT]"
-    conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    headers = {"content-type": "application/json", "user-agent": "maitred-hook-claude-code"}
-    if token:
-        headers["authorization"] = f"Bearer {token}"
-    conn = conn_cls(parts.hostname, parts.port, timeout=timeout)
-    try:
-        conn.request("POST", f"{parts.path}/v1/events", body=json.dumps(events, separators=(",", ":")), headers=headers)
-        response = conn.getresponse()
-        body = response.read()
-    except (OSError, http.client.HTTPException) as exc:
-        return f"is unreachable ({type(exc).__name__}: {exc})"
-    finally:
-        conn.close()
-    if response.status >= 500:
-        return f"answered {response.status}"
-    if response.status >= 400:
-        _log(f"the runtime refused {len(events)} events: {response.status} {body[:300].decode(errors='replace')}")
-        return None  # retrying a refused batch elsewhere cannot help
-    try:
-        rejected = json.loads(body).get("rejected") or []
-    except (ValueError, AttributeError):
-        rejected = []
-    if rejected:
-        _log(f"the runtime refused {len(rejected)} of {len(events)} events, first: {rejected[0]}")
-    return None
-
-
-def _write_store(payload: Mapping[str, Any], now: float, db: str | None, timeout: float) -> None:
-    """Through the middleware's emitter to the store (validation, retries, drop accounting)."""
-    import maitred
-    from maitred.middleware.config import default_db_url
-
-    maitred.configure(db_url=db or default_db_url())
-    handle_payload(payload, now)
-    maitred.shutdown(timeout=timeout)
-
-
-def _detached(raw: bytes, now: float, db: str | None, timeout: float) -> None:
-    """Hand the store write to a detached writer process and return at once, so Claude Code sees
-    the hook end while the write (SQLAlchemy, the migration check) goes on.
-
-    The writer is a fresh ``--foreground`` run in a new session, its standard streams on
-    /dev/null (or ``$MAITRED_HOOK_LOG``), the payload in a temporary file. It is spawned rather
-    than forked: a forked child holds Claude Code's output pipes until it is first scheduled,
-    which on a busy machine kept the hook "running" ~0.1 s longer; ``subprocess`` spawns with
-    vfork, where the parent waits only for the exec."""
-    import subprocess
-    import tempfile
-
-    fd, path = tempfile.mkstemp(prefix="maitred-hook-", suffix=".json")
-    with os.fdopen(fd, "wb") as handed:
-        handed.write(raw)
-    argv = [
-        sys.executable,
-        "-m",
-        "maitred.integrations.claude_code",
-        "--payload-file",
-        path,
-        "--received-at",
-        repr(now),
-        "--timeout",
-        str(timeout),
-    ]
-    if db:
-        argv += ["--db", db]
-    env = {k: v for k, v in os.environ.items() if k != "MAITRED_URL"}  # the writer goes to the store only
-    log_path = os.environ.get("MAITRED_HOOK_LOG")
-    log = open(log_path, "ab") if log_path else None  # handed to the child, closed below
-    try:
-        subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=log if log is not None else subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
-    except OSError as exc:
-        os.unlink(path)
-        _log(f"events not stored: the background writer did not start ({exc})")
-    finally:
-        if log is not None:
-            log.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=_PROG, description="Record one Claude Code hook payload (read on stdin) in maitred.")
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
     sys.exit(main())

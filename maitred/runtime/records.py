@@ -58,6 +58,9 @@ class ProgramState:
     phase_since: float = 0.0
     tool: OpenTool | None = None
     returned: bool = False  # a tool (or a human) finished; the next request is imminent
+    # Stopped on its own background work (``program.wait`` reason ``background``): acting, as
+    # waiting on a child counts, until the work reports back. Cleared by the next phase change.
+    awaiting_background: bool = False
     context_tokens: int = 0
     model: str | None = None
     adapter: str | None = None

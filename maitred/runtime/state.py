@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any
 
 from maitred.events import (
+    BACKGROUND_WAIT,
     AdapterPublish,
     Event,
     Handoff,
@@ -276,6 +277,7 @@ class RuntimeState:
         self._late_tools: OrderedDict[tuple[str, str], OpenTool] = OrderedDict()
         self._ended: OrderedDict[str, float] = OrderedDict()
         self._early_ends: OrderedDict[tuple[str, str], ToolEnd] = OrderedDict()
+        self._children: dict[str, set[str]] = {}  # parent -> children started and not ended
 
     def touch(self, program_id: str) -> None:
         """Mark a program changed, so the next snapshot copies it again and the totals recount it."""
@@ -290,6 +292,28 @@ class RuntimeState:
         stays behind (unlike ``program.end``, later events may bring it back)."""
         self.programs.pop(program_id, None)
         self.handoffs = [h for h in self.handoffs if h.program_id != program_id]
+        self._children.pop(program_id, None)
+
+    def speaker(self, program_id: str) -> str:
+        """The program a model request naming ``program_id`` comes from. Claude Code's subagents
+        send their parent's session id, so a request naming a parent is its one running child's
+        when the parent cannot be asking itself: it is blocked on a tool call (a foreground
+        subagent's ``Agent`` call) or waiting (on a person, or on its background work). With
+        two children running, or a parent between its own steps, it is not knowable: the
+        request stays the parent's."""
+        children = self._children.get(program_id)
+        if not children:
+            return program_id
+        running = [c for c in children if c in self.programs]
+        if len(running) != len(children):
+            self._children[program_id] = set(running)  # children that expired without an end
+        p = self.programs.get(program_id)
+        if len(running) != 1 or p is None:
+            return program_id
+        blocked = p.tool is not None and p.tool.ended_at is None
+        if blocked or p.awaiting_background or p.phase is Phase.WAITING_HUMAN:
+            return running[0]
+        return program_id
 
     # -- workers ------------------------------------------------------------------------------
 
@@ -350,6 +374,7 @@ class RuntimeState:
             p.cycles.append((p.open_reason_s, p.open_act_s))
             p.open_reason_s = p.open_act_s = 0.0
         p.phase, p.phase_since = phase, max(ts, p.phase_since)
+        p.awaiting_background = False
 
     def apply(self, event: Event) -> None:
         """Events stamped at or before their program's end are late news of a finished program
@@ -373,9 +398,18 @@ class RuntimeState:
         p = self.program_for(e)
         p.agent = e.agent or p.agent
         p.parent_program_id = e.parent_program_id
+        if e.parent_program_id is not None:
+            self._children.setdefault(e.parent_program_id, set()).add(e.program_id)
 
     def _program_end(self, e: ProgramEnd) -> None:
-        self.programs.pop(e.program_id, None)
+        p = self.programs.pop(e.program_id, None)
+        if p is not None and p.parent_program_id is not None:
+            siblings = self._children.get(p.parent_program_id)
+            if siblings is not None:
+                siblings.discard(e.program_id)
+                if not siblings:
+                    del self._children[p.parent_program_id]
+        self._children.pop(e.program_id, None)
         self._ended[e.program_id] = e.ts
         if len(self._ended) > MAX_ENDED:
             self._ended.popitem(last=False)
@@ -501,8 +535,12 @@ class RuntimeState:
         self.handoffs = [h for h in self.handoffs if e.ts - h.ts <= HANDOFF_TTL_S]
 
     def _wait(self, e: ProgramWait) -> None:
+        """A wait on a person, or (reason ``background``) on the program's own background work,
+        which reports back by itself: that counts as acting, like waiting on a tool."""
         p = self.program_for(e)
-        self._enter(p, Phase.WAITING_HUMAN, e.ts)
+        background = e.reason == BACKGROUND_WAIT
+        self._enter(p, Phase.ACTING if background else Phase.WAITING_HUMAN, e.ts)
+        p.awaiting_background = background
         p.returned = False
 
     def _resume(self, e: ProgramResume) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection, Engine, Table, func, inspect, select
+from sqlalchemy import Connection, Engine, Table, func, inspect, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -225,11 +225,25 @@ class SessionStore:
             conn.execute(self._insert(_TABLES["events"]).on_conflict_do_nothing(index_elements=["event_key"]), folded.events)
             self._upsert(conn, _TABLES["programs"], ["program_id"], list(folded.programs.values()))
             self._upsert(conn, _TABLES["tool_calls"], ["program_id", "call_id"], list(folded.tool_calls.values()))
+            self._place_starts(conn, [k for k, row in folded.tool_calls.items() if row["ended_at"] is not None])
             self._upsert(conn, _TABLES["llm_calls"], ["program_id", "request_id"], list(folded.llm_calls.values()))
             if folded.handoffs:
                 conn.execute(
                     self._insert(_TABLES["handoffs"]).on_conflict_do_nothing(index_elements=["event_key"]), folded.handoffs
                 )
+
+    def _place_starts(self, conn: Connection, ended: list[tuple[str, str]]) -> None:
+        """A tool call never ends before it starts. A start is stamped when its event was made,
+        and hook processes race (Claude Code's: a fast call's end can be stamped first), while
+        the end's ``duration_s`` is measured by the agent itself: a start later than the end less
+        that duration moves back to it (to the end itself when no duration was given)."""
+        if not ended:
+            return
+        t = _TABLES["tool_calls"]
+        placed = t.c.ended_at - func.coalesce(t.c.duration_s, 0.0)
+        for i in range(0, len(ended), 500):
+            keys = tuple_(t.c.program_id, t.c.call_id).in_(ended[i : i + 500])
+            conn.execute(update(t).where(keys, t.c.started_at > placed).values(started_at=placed))
 
     def _insert(self, table: Table) -> postgresql.Insert | sqlite.Insert:
         return postgresql.insert(table) if self._postgres else sqlite.insert(table)

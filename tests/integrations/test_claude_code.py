@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -11,8 +12,9 @@ from typing import Any
 import pytest
 
 import maitred
-from maitred.events import Handoff, ProgramStart, ToolEnd, ToolStart
+from maitred.events import BACKGROUND_WAIT, Handoff, ProgramStart, ToolEnd, ToolStart
 from maitred.integrations.claude_code import (
+    HOOK_EVENTS,
     HookPayloadError,
     child_program_id,
     command_word,
@@ -20,8 +22,9 @@ from maitred.integrations.claude_code import (
     to_events,
     wire_events,
 )
+from maitred.integrations.claude_code_hook import settings_json
 from maitred.storage import SessionStore
-from tests.helpers import EventServer, free_port
+from tests.helpers import EventServer, free_port, wait_until
 
 FIXTURES = Path(__file__).parent / "fixtures" / "claude_code"
 SESSION = "4f9c2d1e-8b7a-4c3d-9e2f-1a2b3c4d5e6f"
@@ -119,7 +122,12 @@ def test_edge_payloads_map_as_documented(name, expect):
         assert "deadline_s" not in wire  # background launch declares none; persistent Monitor has none
 
 
-@pytest.mark.parametrize("name", ["stop_background_running.json", "session_start_compact.json", "notification.json"])
+def test_a_stop_on_running_background_work_is_a_background_wait():
+    [wire] = wire_events(fixture("stop_background_running.json"), T0)
+    assert (wire["type"], wire["reason"]) == ("program.wait", BACKGROUND_WAIT)
+
+
+@pytest.mark.parametrize("name", ["session_start_compact.json", "notification.json"])
 def test_payloads_that_start_no_wait_or_program_map_to_nothing(name):
     assert to_events(fixture(name), T0) == []
 
@@ -201,7 +209,13 @@ def test_handle_payload_writes_the_session_through_the_emitter_to_the_store(db_u
 # -- the command hook as a process ------------------------------------------------------------
 
 
-def hook(payload: bytes | str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+@pytest.fixture
+def spool_env(tmp_path) -> dict[str, str]:
+    """Each test its own spool (never the user's), and deliverers that do not linger."""
+    return {"MAITRED_SPOOL_DIR": str(tmp_path / "spool"), "MAITRED_HOOK_LINGER_S": "0.5"}
+
+
+def hook(payload: bytes | str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MAITRED_")}
     data = payload if isinstance(payload, str) else payload.decode()
     return subprocess.run(
@@ -210,7 +224,7 @@ def hook(payload: bytes | str, *args: str, env: dict[str, str] | None = None) ->
         capture_output=True,
         text=True,
         timeout=60,
-        env={**clean, **(env or {})},
+        env={**clean, **env},
     )
 
 
@@ -219,32 +233,106 @@ def store_events(url: str, program_id: str) -> list[dict[str, Any]]:
         return store.events(program_id)
 
 
-def test_command_hook_writes_to_the_store_and_exits_0(db_url):
+def stored_eventually(url: str, program_id: str, count: int, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """The program's stored events once ``count`` are there (a deliverer writes them)."""
+    found: list[dict[str, Any]] = []
+
+    def enough() -> bool:
+        nonlocal found
+        try:
+            found = store_events(url, program_id)
+        except Exception:  # the deliverer may still be creating the schema
+            return False
+        return len(found) >= count
+
+    wait_until(enough, timeout=timeout, interval=0.1)
+    return found
+
+
+def test_command_hook_writes_to_the_store_and_exits_0(db_url, spool_env):
     for payload in session_payloads()[:4]:
-        done = hook(json.dumps(payload), "--foreground", env={"MAITRED_DB": db_url})
+        done = hook(json.dumps(payload), "--foreground", env={**spool_env, "MAITRED_DB": db_url})
         # Nothing on stdout: Claude Code adds a SessionStart / UserPromptSubmit hook's stdout to the context.
         assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
     kinds = [e["type"] for e in store_events(db_url, SESSION)]
     assert kinds == ["program.start", "program.resume", "tool.start", "tool.end"]
 
 
-def test_command_hook_hands_the_store_write_to_a_detached_process(tmp_path):
+def test_one_background_deliverer_stores_a_burst_of_hooks_in_order(tmp_path, spool_env):
     url = f"sqlite:///{tmp_path / 'hooks.db'}"
-    done = hook(json.dumps(session_payloads()[2]), env={"MAITRED_DB": url})
+    payloads = session_payloads()
+    for payload in payloads:
+        done = hook(json.dumps(payload), env={**spool_env, "MAITRED_DB": url})
+        assert (done.returncode, done.stderr) == (0, "")
+    want = [e["type"] for e in wire_events_of(payloads) if e["program_id"] == SESSION]
+    found = stored_eventually(url, SESSION, len(want))
+    assert sorted(e["type"] for e in found) == sorted(want)
+    assert [(e["type"], e.get("call_id")) for e in found][:3] == [
+        ("program.start", None),
+        ("program.resume", None),
+        ("tool.start", "toolu_01Bash1"),
+    ]
+
+
+def wire_events_of(payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for p in payloads for e in wire_events(p, T0)]
+
+
+def test_the_default_store_is_per_user_not_in_the_project_folder(tmp_path, spool_env):
+    project = tmp_path / "project"
+    project.mkdir()
+    state = tmp_path / "state"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MAITRED_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "maitred.integrations.claude_code", "--foreground"],
+        input=json.dumps(session_payloads()[2]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=project,
+        env={**clean, **spool_env, "XDG_STATE_HOME": str(state)},
+    )
     assert (done.returncode, done.stderr) == (0, "")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if (tmp_path / "hooks.db").exists():
-            try:
-                found = store_events(url, SESSION)
-            except Exception:  # the background writer may still be creating the schema
-                found = []
-            if found:
-                break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the background writer never stored the event")
-    assert [(e["type"], e["call_id"], e["signature"]) for e in found] == [("tool.start", "toolu_01Bash1", "Bash:pytest")]
+    assert not (project / "maitred.db").exists()
+    found = store_events(f"sqlite:///{state / 'maitred' / 'maitred.db'}", SESSION)
+    assert [e["call_id"] for e in found] == ["toolu_01Bash1"]
+
+
+def test_a_sigterm_right_after_the_hook_starts_loses_nothing(tmp_path, spool_env):
+    """Claude Code cancels async hooks still running when a headless turn ends: the settings'
+    ``trap '' TERM; exec`` keeps the signal ignored from the first instruction."""
+    url = f"sqlite:///{tmp_path / 'term.db'}"
+    settings = json.loads(settings_json())
+    command = settings["hooks"]["PreToolUse"][0]["hooks"][0]["command"]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MAITRED_")}
+    for payload in session_payloads()[2:6]:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            stdin=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**clean, **spool_env, "MAITRED_DB": url},
+            start_new_session=True,
+        )
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(payload).encode())
+        proc.stdin.close()
+        time.sleep(0.005)
+        os.killpg(proc.pid, signal.SIGTERM)  # as Claude Code cancels the hook
+        assert proc.wait(timeout=30) == 0
+    want = [e for e in wire_events_of(session_payloads()[2:6])]
+    found = stored_eventually(url, SESSION, sum(1 for e in want if e["program_id"] == SESSION))
+    assert sorted((e["type"], e.get("call_id")) for e in found) == sorted(
+        (e["type"], e.get("call_id")) for e in want if e["program_id"] == SESSION
+    )
+
+
+def test_printed_settings_run_this_interpreter_and_match_the_example():
+    settings = json.loads(settings_json())
+    assert set(settings["hooks"]) == set(HOOK_EVENTS)
+    command = settings["hooks"]["Stop"][0]["hooks"][0]["command"]
+    assert command.startswith("trap '' TERM; exec ") and sys.executable in command
+    example = (Path(__file__).parents[2] / "examples" / "claude_code" / "settings.json").read_text()
+    assert example == settings_json("maitred hook claude-code")
 
 
 @pytest.mark.parametrize(
@@ -255,43 +343,51 @@ def test_command_hook_hands_the_store_write_to_a_detached_process(tmp_path):
         ("", "not JSON"),
     ],
 )
-def test_malformed_payload_logs_one_line_and_exits_0(tmp_path, payload, says):
+def test_malformed_payload_logs_one_line_and_exits_0(tmp_path, spool_env, payload, says):
     url = f"sqlite:///{tmp_path / 'x.db'}"
-    done = hook(payload, "--foreground", env={"MAITRED_DB": url})
+    done = hook(payload, "--foreground", env={**spool_env, "MAITRED_DB": url})
     assert done.returncode == 0
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and says in lines[0] and lines[0].startswith("maitred hook claude-code:")
     assert not (tmp_path / "x.db").exists()
+    assert not (tmp_path / "spool").exists()
 
 
-def test_runtime_down_and_no_store_drops_with_one_line_and_exits_0():
-    down = f"http://127.0.0.1:{free_port()}"
-    done = hook(json.dumps(session_payloads()[2]), env={"MAITRED_URL": down})
+def test_runtime_down_keeps_the_events_for_the_next_delivery(spool_env):
+    port = free_port()
+    down = f"http://127.0.0.1:{port}"
+    done = hook(json.dumps(session_payloads()[2]), "--foreground", env={**spool_env, "MAITRED_URL": down})
     assert done.returncode == 0
     [line] = done.stderr.splitlines()
-    assert "1 events dropped" in line and "unreachable" in line and "MAITRED_DB" in line
+    assert "1 events kept" in line and "unreachable" in line
+    with EventServer(port=port) as server:  # the runtime is back: the next hook delivers both
+        done = hook(json.dumps(session_payloads()[3]), "--foreground", env={**spool_env, "MAITRED_URL": down})
+        assert (done.returncode, done.stderr) == (0, "")
+    assert [(e["type"], e["call_id"]) for e in server.events] == [("tool.start", "toolu_01Bash1"), ("tool.end", "toolu_01Bash1")]
 
 
-def test_runtime_down_falls_back_to_the_store_when_one_is_named(tmp_path):
+def test_runtime_down_falls_back_to_the_store_when_one_is_named(tmp_path, spool_env):
     url = f"sqlite:///{tmp_path / 'fallback.db'}"
     down = f"http://127.0.0.1:{free_port()}"
-    done = hook(json.dumps(session_payloads()[2]), "--foreground", env={"MAITRED_URL": down, "MAITRED_DB": url})
+    done = hook(json.dumps(session_payloads()[2]), "--foreground", env={**spool_env, "MAITRED_URL": down, "MAITRED_DB": url})
     assert (done.returncode, done.stderr) == (0, "")
     assert [e["call_id"] for e in store_events(url, SESSION)] == ["toolu_01Bash1"]
 
 
-def test_store_down_still_exits_0():
+def test_store_down_still_exits_0_and_keeps_the_events(spool_env):
     unreachable = f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/none"
-    done = hook(json.dumps(session_payloads()[2]), "--foreground", "--timeout", "1", env={"MAITRED_DB": unreachable})
+    done = hook(json.dumps(session_payloads()[2]), "--foreground", "--timeout", "1", env={**spool_env, "MAITRED_DB": unreachable})
     assert done.returncode == 0
-    assert "not delivered" in done.stderr
+    assert "1 events kept" in done.stderr and "the store" in done.stderr
 
 
-def test_runtime_up_receives_the_events_with_the_token():
+def test_runtime_up_receives_the_events_with_the_token_and_the_program_header(spool_env):
     with EventServer() as server:
         for payload in session_payloads()[4:6]:
-            done = hook(json.dumps(payload), env={"MAITRED_URL": server.url, "MAITRED_TOKEN": "s3cret"})
+            done = hook(json.dumps(payload), env={**spool_env, "MAITRED_URL": server.url, "MAITRED_TOKEN": "s3cret"})
             assert (done.returncode, done.stderr) == (0, "")
+        assert wait_until(lambda: len(server.events) >= 3, timeout=30)
     assert [e["type"] for e in server.events] == ["tool.start", "program.start", "handoff"]
     assert server.events[2]["child_program_id"] == CHILD
-    assert server.auth == ["Bearer s3cret", "Bearer s3cret"]
+    assert set(server.auth) == {"Bearer s3cret"}
+    assert {h["x-program-id"] for h in server.headers} <= {SESSION, CHILD}
