@@ -36,12 +36,14 @@ from typing import Annotated, Any, ClassVar, Literal
 import orjson
 from pydantic import ConfigDict, Field, Strict, TypeAdapter, ValidationError
 
+from maitred.identity import header_names
+
 SCHEMA_VERSION = 1
 MAX_ID_LENGTH = 256
 #: The HTTP headers a client may name its program in, in the order they are read (SPEC 7.5):
-#: maitred's own, LiteLLM's session header, Claude Code's. Lower case, as ASGI servers deliver
-#: header names; a plain mapping of headers must be lowered before it is looked up.
-PROGRAM_ID_HEADERS = ("x-program-id", "x-litellm-session-id", "x-claude-code-session-id")
+#: the headers of ``maitred.identity.ID_SOURCES`` (maitred's own first). Lower case, as ASGI
+#: servers deliver header names; a plain mapping of headers must be lowered before it is looked up.
+PROGRAM_ID_HEADERS = header_names()
 #: The header line of a ``maitred export`` trace file (docs/trace-format.md): its ``format`` and
 #: ``version``, written by the store and checked by the simulator's reader.
 TRACE_FORMAT = "maitred-trace"

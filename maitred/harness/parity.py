@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import orjson
 
-from maitred.events import PROGRAM_ID_HEADERS
+from maitred.identity import PROGRAM_HEADER
 from maitred.sim.replay import Replay, RunConfig
 from maitred.sim.traces import ProgramTrace, Trace
 
@@ -138,7 +138,7 @@ class _Player:
             "POST",
             self.url + "/generate",
             content=orjson.dumps(body),
-            headers={"content-type": "application/json", PROGRAM_ID_HEADERS[0]: self.pid},
+            headers={"content-type": "application/json", PROGRAM_HEADER: self.pid},
         ) as response:
             response.raise_for_status()
             for line in response.iter_lines():

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 from langchain.agents.middleware import AgentMiddleware, ModelRequest
@@ -37,15 +37,18 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage, convert_to_openai_messages
 from langchain_core.outputs import LLMResult
 from langchain_core.runnables.config import var_child_runnable_config
+from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, Send
 
-from maitred.events import PROGRAM_ID_HEADERS, Handoff, LLMEnd, LLMStart, ToolEnd, ToolStart
+from maitred.events import Handoff, LLMEnd, LLMStart, ProgramEnd, ProgramStart, ToolEnd, ToolStart
+from maitred.identity import PROGRAM_HEADER
 from maitred.middleware.config import emit, new_id
 from maitred.middleware.context import scope
 from maitred.middleware.handoff import context_hash
 
 __all__ = [
+    "FRAMEWORK",
     "PROGRAM_HEADER",
     "MaitredCallbackHandler",
     "MaitredMiddleware",
@@ -57,8 +60,6 @@ __all__ = [
 
 log = logging.getLogger("maitred")
 
-#: The header the gateway reads the program id from first (SPEC 7.5); the body key is ``program_id``.
-PROGRAM_HEADER = PROGRAM_ID_HEADERS[0]
 
 _NOTHING: Mapping[str, Any] = {}
 
@@ -152,6 +153,33 @@ def _exc_status(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "timeout"
     return "error" if isinstance(exc, Exception) else "interrupted"
+
+
+#: ``program.start``'s ``framework`` for programs these adapters open.
+FRAMEWORK = "langgraph"
+
+
+def _top_level(config: Mapping[str, Any] | None) -> bool:
+    """Whether a node runs in the graph that was invoked, not in a subgraph of it: LangGraph
+    nests checkpoint namespaces with ``|`` (``alice:<id>|tools:<id>``)."""
+    metadata: Mapping[str, Any] = (config.get("metadata") or _NOTHING) if config else _NOTHING
+    return "|" not in str(metadata.get("langgraph_checkpoint_ns") or "")
+
+
+def _run_status(error: BaseException | None) -> Literal["ok", "error", "cancelled"]:
+    """``program.end``'s status for a run that ended with ``error``. An interrupt (``GraphBubbleUp``:
+    ``interrupt()``, a ``Command`` to a parent) is how a graph pauses, not a failure."""
+    if error is None or isinstance(error, GraphBubbleUp):
+        return "ok"
+    return "error" if isinstance(error, Exception) else "cancelled"
+
+
+def _start_program(program_id: str, agent: str | None) -> None:
+    emit(ProgramStart(ts=time.time(), program_id=program_id, agent=agent, framework=FRAMEWORK))
+
+
+def _end_program(program_id: str, agent: str | None, error: BaseException | None = None) -> None:
+    emit(ProgramEnd(ts=time.time(), program_id=program_id, agent=agent, status=_run_status(error)))
 
 
 def _emit_handoffs(program_id: str, agent: str | None, targets: list[tuple[str, list[dict[str, Any]] | None]]) -> None:
@@ -291,7 +319,15 @@ def _close_model(call: _ModelCall | None, response: Any, status: str = "ok") -> 
 
 
 class MaitredMiddleware(AgentMiddleware):
-    """``create_agent`` middleware recording tool calls, model calls and handoffs (sync and async).
+    """``create_agent`` middleware recording the run, tool calls, model calls and handoffs (sync and async).
+
+    The agent invoked as the graph (``agent.invoke``, ``ainvoke``, ``stream``, ``astream``) is
+    the program's run: ``before_agent`` opens it (``program.start``, framework ``langgraph``),
+    ``after_agent`` ends it (``program.end`` ok), and an exception leaving the model or tool
+    node ends it with status error (listed first, this middleware is the outermost wrapper, so
+    what leaves it leaves the node). A thread invoked again starts the program again. An agent
+    running as a subgraph (a swarm member) cannot see where the outer run ends: give that
+    graph a ``MaitredCallbackHandler(record_calls=False)`` to end its programs.
 
     ``program_id`` and ``agent`` are fallbacks for runs whose config names neither.
     ``record_model_calls=False`` leaves the steps to the maitred gateway when every model
@@ -315,6 +351,46 @@ class MaitredMiddleware(AgentMiddleware):
         self.tag_requests = tag_requests
         #: The last model seen and its name: an agent asks the same model step after step.
         self._named: tuple[Any, str | None] = (None, None)
+        #: Programs whose run this middleware opened and has not ended yet.
+        self._running: set[str] = set()
+
+    # the run: the agent invoked as the graph, not as a subgraph of a bigger one
+
+    def _run_started(self) -> None:
+        try:
+            config = var_child_runnable_config.get()
+            if not _top_level(config):
+                return
+            program_id, agent = program_and_agent(config, self.program_id, self.agent)
+            self._running.add(program_id)
+            _start_program(program_id, agent)
+        except Exception:
+            log.debug("maitred: program.start not recorded", exc_info=True)
+
+    def _run_ended(self, config: Mapping[str, Any] | None, error: BaseException | None = None) -> None:
+        """``program.end`` for the run ``config`` belongs to, once; an exception passing through a
+        subgraph's node is the subgraph's business, not the run's end."""
+        try:
+            if not _top_level(config):
+                return
+            program_id, agent = program_and_agent(config, self.program_id, self.agent)
+            if program_id in self._running:
+                self._running.discard(program_id)
+                _end_program(program_id, agent, error)
+        except Exception:
+            log.debug("maitred: program.end not recorded", exc_info=True)
+
+    def before_agent(self, state: Any, runtime: Any) -> None:
+        self._run_started()
+
+    async def abefore_agent(self, state: Any, runtime: Any) -> None:
+        self._run_started()
+
+    def after_agent(self, state: Any, runtime: Any) -> None:
+        self._run_ended(var_child_runnable_config.get())
+
+    async def aafter_agent(self, state: Any, runtime: Any) -> None:
+        self._run_ended(var_child_runnable_config.get())
 
     def wrap_tool_call(
         self, request: ToolCallRequest, handler: Callable[[ToolCallRequest], ToolMessage | Command]
@@ -324,6 +400,7 @@ class MaitredMiddleware(AgentMiddleware):
             result = handler(request)
         except BaseException as exc:
             _close_tool(call, failure=exc)
+            self._run_ended(getattr(request.runtime, "config", None), exc)
             raise
         _close_tool(call, result=result)
         return result
@@ -338,6 +415,7 @@ class MaitredMiddleware(AgentMiddleware):
             result = await handler(request)
         except BaseException as exc:
             _close_tool(call, failure=exc)
+            self._run_ended(getattr(request.runtime, "config", None), exc)
             raise
         _close_tool(call, result=result)
         return result
@@ -371,8 +449,9 @@ class MaitredMiddleware(AgentMiddleware):
         call, tagged = self._open_model(request)
         try:
             response = handler(tagged)
-        except BaseException:
+        except BaseException as exc:
             _close_model(call, None, "error")
+            self._run_ended(var_child_runnable_config.get(), exc)
             raise
         _close_model(call, response)
         return response
@@ -381,8 +460,9 @@ class MaitredMiddleware(AgentMiddleware):
         call, tagged = self._open_model(request)
         try:
             response = await handler(tagged)
-        except BaseException:
+        except BaseException as exc:
             _close_model(call, None, "error")
+            self._run_ended(var_child_runnable_config.get(), exc)
             raise
         _close_model(call, response)
         return response
@@ -393,22 +473,30 @@ class MaitredCallbackHandler(BaseCallbackHandler):
 
     Handoffs come from the handoff tool's ``Command`` (``on_tool_end``'s output) and, for the
     hand-backs that have no tool call (langgraph-supervisor returning to its supervisor), from
-    the change of ``lc_agent_name`` between runs of one program. Runs inline (it only queues
+    the change of ``lc_agent_name`` between runs of one program. The root run (the graph's
+    ``invoke``, ``ainvoke``, ``stream`` or ``astream``) is the program's run: ``program.start``
+    (framework ``langgraph``) when it starts, ``program.end`` when it ends (status error when it
+    raised; the exception reaches the caller as it is), naming the agent that ran last; a
+    thread invoked again starts the program again. ``record_calls=False`` records only the
+    runs, beside a ``MaitredMiddleware`` that records the calls. Runs inline (it only queues
     events), so async graphs do not pay for a thread hop per callback.
     """
 
     run_inline = True
 
-    def __init__(self, *, program_id: str | None = None, agent: str | None = None) -> None:
+    def __init__(self, *, program_id: str | None = None, agent: str | None = None, record_calls: bool = True) -> None:
         super().__init__()
         self.program_id = program_id
         self.agent = agent
+        self.record_calls = record_calls
         self._tools: dict[UUID, tuple[str, str | None, str, float]] = {}
         self._models: dict[UUID, tuple[str, str | None]] = {}
         #: Per program: the agent that ran last, and handoff destinations not yet entered.
         self._last_agent: dict[str, str] = {}
         self._announced: dict[str, list[str]] = {}
+        #: Root runs: their program, and the agent that ran last in them.
         self._roots: dict[UUID, str] = {}
+        self._run_agent: dict[str, str | None] = {}
 
     def _where(self, metadata: Mapping[str, Any] | None) -> tuple[str, str | None]:
         return program_and_agent({"metadata": metadata or {}}, self.program_id, self.agent)
@@ -418,6 +506,9 @@ class MaitredCallbackHandler(BaseCallbackHandler):
     def on_tool_start(
         self, serialized: dict[str, Any], input_str: str, *, run_id: UUID, metadata: dict[str, Any] | None = None, **kwargs: Any
     ) -> None:
+        if not self.record_calls:
+            return
+
         def record() -> None:
             program_id, agent = self._where(metadata)
             call_id = kwargs.get("tool_call_id") or str(run_id)
@@ -457,6 +548,9 @@ class MaitredCallbackHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        if not self.record_calls:
+            return
+
         def record() -> None:
             program_id, agent = self._where(metadata)
             self._models[run_id] = (program_id, agent)
@@ -513,18 +607,21 @@ class MaitredCallbackHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        _guarded("handoff", lambda: self._entered(run_id, parent_run_id, metadata, inputs))
+        _guarded("run", lambda: self._entered(run_id, parent_run_id, metadata, inputs))
 
     def _entered(self, run_id: UUID, parent_run_id: UUID | None, metadata: dict[str, Any] | None, inputs: Any) -> None:
-        program_id, _ = self._where(metadata)
+        program_id, named = self._where(metadata)
         if parent_run_id is None:
             self._roots[run_id] = program_id
+            self._run_agent[program_id] = named
+            _start_program(program_id, named)
         agent = graph_agent(metadata or {})
         if not agent:
             return
+        self._run_agent[program_id] = agent
         last = self._last_agent.get(program_id)
         self._last_agent[program_id] = agent
-        if last is None or last == agent:
+        if last is None or last == agent or not self.record_calls:
             return
         announced = self._announced.get(program_id) or []
         if agent in announced:  # the handoff tool already recorded this one
@@ -532,11 +629,17 @@ class MaitredCallbackHandler(BaseCallbackHandler):
             return
         _emit_handoffs(program_id, last, [(agent, shared_messages(inputs))])
 
-    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+    def _run_done(self, run_id: UUID, error: BaseException | None) -> None:
         program_id = self._roots.pop(run_id, None)
-        if program_id is not None:  # the graph run is over: forget its transitions
-            self._last_agent.pop(program_id, None)
-            self._announced.pop(program_id, None)
+        if program_id is None:
+            return
+        # The graph run is over: end its program and forget its transitions.
+        self._last_agent.pop(program_id, None)
+        self._announced.pop(program_id, None)
+        _end_program(program_id, self._run_agent.pop(program_id, None), error)
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        _guarded("program.end", lambda: self._run_done(run_id, None))
 
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        self.on_chain_end(None, run_id=run_id)
+        _guarded("program.end", lambda: self._run_done(run_id, error))

@@ -5,7 +5,10 @@ spans handoffs, and generation spans (the Chat Completions model) or response sp
 default Responses model) model calls. The program is the trace's ``group_id`` (the SDK's
 conversation id; ``RunConfig(group_id=...)``), which only the trace carries, so the processor
 maps ``trace_id -> group_id`` in ``on_trace_start``; a trace without a group is its own program.
-The agent is the name of the agent span a span sits under.
+The agent is the name of the agent span a span sits under. A trace is one run of the program:
+``on_trace_start`` records ``program.start`` (framework ``openai-agents``, the workflow name in
+``attrs``), ``on_trace_end`` ``program.end`` naming the agent that ran last, status error when an
+agent span failed; a group run again starts its program again.
 
 Function spans carry no tool call id. ``MaitredRunHooks`` supplies it: passed to
 ``Runner.run(..., hooks=MaitredRunHooks(processor))``, its ``on_tool_start`` runs inside the
@@ -25,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from agents import RunHooks
 from agents.tracing import (
@@ -40,10 +43,10 @@ from agents.tracing import (
     get_current_span,
 )
 
-from maitred.events import Handoff, LLMEnd, LLMStart, ToolEnd, ToolStart
+from maitred.events import Handoff, LLMEnd, LLMStart, ProgramEnd, ProgramStart, ToolEnd, ToolStart
 from maitred.middleware.config import emit, flush
 
-__all__ = ["MaitredRunHooks", "MaitredTracingProcessor"]
+__all__ = ["FRAMEWORK", "MaitredRunHooks", "MaitredTracingProcessor"]
 
 log = logging.getLogger("maitred")
 
@@ -55,6 +58,24 @@ class _OpenTool:
     tool: str
     started: float
     call_id: str | None = None
+
+
+#: ``program.start``'s ``framework`` for programs this processor opens.
+FRAMEWORK = "openai-agents"
+
+
+@dataclass(slots=True)
+class _Run:
+    """What a trace's ``program.end`` reports: the agent whose span ended last, and whether any
+    agent span ended with an error (the SDK puts a run's failure on the agent span it hit)."""
+
+    agent: str | None = None
+    failed: bool = False
+
+
+def _workflow(trace: Trace) -> dict[str, Any] | None:
+    name = getattr(trace, "name", None)
+    return {"workflow": name} if isinstance(name, str) and name else None
 
 
 def _guarded(what: str, fn: Callable[[], None]) -> None:
@@ -99,17 +120,32 @@ class MaitredTracingProcessor(TracingProcessor):
         self._agents: dict[str, str] = {}
         self._tools: dict[str, _OpenTool] = {}
         self._models: dict[str, float] = {}
+        self._runs: dict[str, _Run] = {}
 
-    # traces
+    # traces: one trace is one run of the program (``Runner.run``, or a ``trace()`` block around several)
 
     def on_trace_start(self, trace: Trace) -> None:
         group = getattr(trace, "group_id", None)
+        program = group or self.program_id or trace.trace_id
         with self._lock:
-            self._programs[trace.trace_id] = group or self.program_id or trace.trace_id
+            self._programs[trace.trace_id] = program
+            self._runs[trace.trace_id] = _Run()
+        _guarded(
+            "program.start",
+            lambda: emit(ProgramStart(ts=time.time(), program_id=program, framework=FRAMEWORK, attrs=_workflow(trace))),
+        )
 
     def on_trace_end(self, trace: Trace) -> None:
         with self._lock:
-            self._programs.pop(trace.trace_id, None)
+            program = self._programs.pop(trace.trace_id, None)
+            run = self._runs.pop(trace.trace_id, None) or _Run()
+        if program is None:
+            return
+        status: Literal["ok", "error"] = "error" if run.failed else "ok"
+        _guarded(
+            "program.end",
+            lambda: emit(ProgramEnd(ts=time.time(), program_id=program, agent=run.agent, status=status)),
+        )
 
     def _program(self, span: Span[Any]) -> str:
         return self._programs.get(span.trace_id) or self.program_id or span.trace_id
@@ -152,6 +188,11 @@ class MaitredTracingProcessor(TracingProcessor):
         data = span.span_data
         now = time.time()
         agent = self._agents.pop(span.span_id, None)
+        if isinstance(data, AgentSpanData):
+            run = self._runs.get(span.trace_id)
+            if run is not None:
+                run.agent = data.name
+                run.failed = run.failed or span.error is not None
         if isinstance(data, FunctionSpanData):
             tool = self._tools.pop(span.span_id, None)
             if tool is None:

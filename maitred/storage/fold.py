@@ -2,7 +2,10 @@
 
 Events of one entity (a tool call's start, progress and end; a program's start and end) are
 merged here, so each table receives a single upsert per key per batch — PostgreSQL refuses an
-``INSERT ... ON CONFLICT`` that touches the same row twice — and later fields win.
+``INSERT ... ON CONFLICT`` that touches the same row twice — and later fields win. A program's
+row describes its latest life: a ``program.start`` after its ``program.end`` (a LangGraph thread
+invoked again, a resumed Claude Code session) opens it again (no end, no status), and the agent
+of its ``program.end`` (the one that ran last) replaces that of its start.
 """
 
 import hashlib
@@ -195,6 +198,9 @@ def _fold_one(out: Folded, e: Event, key: str) -> None:
                 },
             )
         case ProgramStart():
+            row = out.programs.get(pid)
+            if row is not None and row["ended_at"] is not None and row["ended_at"] <= e.ts:
+                row["ended_at"] = row["status"] = None  # started again after its end: running again
             _merge(
                 out.programs,
                 pid,
@@ -209,7 +215,9 @@ def _fold_one(out: Folded, e: Event, key: str) -> None:
                 },
             )
         case ProgramEnd():
-            _merge(out.programs, pid, PROGRAM_COLUMNS, {"program_id": pid, "ended_at": e.ts, "status": e.status})
+            _merge(
+                out.programs, pid, PROGRAM_COLUMNS, {"program_id": pid, "agent": e.agent, "ended_at": e.ts, "status": e.status}
+            )
         case Handoff():
             out.handoffs.append(
                 {

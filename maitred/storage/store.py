@@ -9,7 +9,7 @@ from typing import Any
 
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection, Engine, Table, func, inspect, select, tuple_, update
+from sqlalchemy import Connection, Engine, Table, bindparam, func, inspect, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -224,6 +224,7 @@ class SessionStore:
         with self._bounded(self.write_timeout_s), self._writer.begin() as conn:
             conn.execute(self._insert(_TABLES["events"]).on_conflict_do_nothing(index_elements=["event_key"]), folded.events)
             self._upsert(conn, _TABLES["programs"], ["program_id"], list(folded.programs.values()))
+            self._reopen(conn, folded)
             self._upsert(conn, _TABLES["tool_calls"], ["program_id", "call_id"], list(folded.tool_calls.values()))
             self._place_starts(conn, [k for k, row in folded.tool_calls.items() if row["ended_at"] is not None])
             self._upsert(conn, _TABLES["llm_calls"], ["program_id", "request_id"], list(folded.llm_calls.values()))
@@ -244,6 +245,23 @@ class SessionStore:
         for i in range(0, len(ended), 500):
             keys = tuple_(t.c.program_id, t.c.call_id).in_(ended[i : i + 500])
             conn.execute(update(t).where(keys, t.c.started_at > placed).values(started_at=placed))
+
+    def _reopen(self, conn: Connection, folded: Folded) -> None:
+        """Programs started again after an end stored earlier: the upsert keeps a stored value
+        wherever the new one is NULL, so their stored end and status are cleared here."""
+        started = [
+            {"pid": row["program_id"], "started": row["started_at"]}
+            for row in folded.programs.values()
+            if row["started_at"] is not None and row["ended_at"] is None
+        ]
+        if started:
+            table = _TABLES["programs"]
+            conn.execute(
+                update(table)
+                .where(table.c.program_id == bindparam("pid"), table.c.ended_at <= bindparam("started"))
+                .values(ended_at=None, status=None),
+                started,
+            )
 
     def _insert(self, table: Table) -> postgresql.Insert | sqlite.Insert:
         return postgresql.insert(table) if self._postgres else sqlite.insert(table)

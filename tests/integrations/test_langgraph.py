@@ -21,9 +21,11 @@ from langgraph.types import Command, Send
 from langgraph_swarm import create_handoff_tool, create_swarm
 
 import maitred
+from maitred.events import ProgramStart
 from maitred.integrations import langgraph as mlg
 from maitred.integrations.langgraph import MaitredCallbackHandler, MaitredMiddleware, handoff_targets
 from maitred.middleware import EmitterSettings
+from maitred.middleware.config import emit
 from tests.helpers import ListSink
 from tests.integrations.scripted import ScriptedChatModel, answer, calls
 
@@ -329,3 +331,107 @@ def test_the_model_name_follows_a_model_chosen_per_call(sink):
     agent = create_agent(small, [add], name="coder", middleware=[Escalate(), MaitredMiddleware()])
     agent.invoke({"messages": [{"role": "user", "content": "1+1"}]}, config("t-models"))
     assert [e.model for e in flushed(sink).of_type("llm.start")] == ["small", "large"]
+
+
+# -- runs: a finished or crashed run ends its program ---------------------------------------------
+
+
+def program_row(db_url: str, program_id: str):
+    from maitred.storage import SessionStore
+
+    with SessionStore(db_url) as store:
+        [row] = [p for p in store.programs() if p.program_id == program_id]
+        return row
+
+
+def test_a_finished_agent_run_ends_its_program_in_the_store_with_framework_and_agent(db_url):
+    maitred.configure(db_url=db_url)
+    model = ScriptedChatModel(script=[calls(("add", "call_add_r"), args={"a": 1, "b": 2}), answer("3")])
+    agent = create_agent(model, [add], name="coder", middleware=[MaitredMiddleware()])
+    agent.invoke({"messages": [{"role": "user", "content": "1+2"}]}, config("t-run"))
+    assert maitred.flush(timeout=10)
+    row = program_row(db_url, "t-run")
+    assert (row.framework, row.agent, row.status) == ("langgraph", "coder", "ok")
+    assert row.ended_at is not None and row.ended_at >= row.started_at
+    assert (row.tool_calls, row.llm_calls) == (1, 2)
+
+
+def test_a_thread_invoked_again_starts_its_program_again_and_ends_it_again(db_url):
+    maitred.configure(db_url=db_url)
+    model = ScriptedChatModel(script=[answer("hi"), answer("again")])
+    agent = create_agent(model, [add], name="coder", middleware=[MaitredMiddleware()], checkpointer=InMemorySaver())
+    agent.invoke({"messages": [{"role": "user", "content": "hello"}]}, config("t-twice"))
+    assert maitred.flush(timeout=10)
+    first = program_row(db_url, "t-twice")
+    emit(ProgramStart(ts=first.ended_at + 1, program_id="t-twice", framework="langgraph"))
+    assert maitred.flush(timeout=10)
+    reopened = program_row(db_url, "t-twice")
+    assert (reopened.status, reopened.ended_at) == (None, None)  # running again, not shown as ended
+    agent.invoke({"messages": [{"role": "user", "content": "more"}]}, config("t-twice"))
+    assert maitred.flush(timeout=10)
+    second = program_row(db_url, "t-twice")
+    assert second.status == "ok" and second.ended_at > first.ended_at
+
+
+@pytest.mark.parametrize("failing", ["tool", "model"])
+def test_a_run_whose_node_raises_ends_with_error_and_the_caller_gets_the_same_exception(sink, failing):
+    class Broken(ScriptedChatModel):
+        def _generate(self, *args, **kwargs):
+            raise ConnectionResetError("model server went away")
+
+    script = [calls(("flaky", "call_flaky_r"), args={"path": "/nope"}), answer("sorry")]
+    model = Broken(script=script) if failing == "model" else ScriptedChatModel(script=script)
+    expected = ConnectionResetError if failing == "model" else FileNotFoundError
+    agent = create_agent(model, [flaky], name="reader", middleware=[MaitredMiddleware()])
+    with pytest.raises(expected) as raised:
+        agent.invoke({"messages": [{"role": "user", "content": "read"}]}, config(f"t-crash-{failing}"))
+    assert raised.type is expected and str(raised.value) == ("model server went away" if failing == "model" else "/nope")
+    flushed(sink)
+    [start] = sink.of_type("program.start")
+    [end] = sink.of_type("program.end")
+    assert (start.program_id, start.framework, start.agent) == (f"t-crash-{failing}", "langgraph", "reader")
+    assert (end.program_id, end.status, end.agent) == (f"t-crash-{failing}", "error", "reader")
+
+
+def test_the_callback_handler_ends_a_swarm_run_naming_the_agent_that_ran_last(sink):
+    app, _, _ = swarm(middleware=False)
+    app.invoke(
+        {"messages": [{"role": "user", "content": "go"}]}, {**config("swarm-run"), "callbacks": [MaitredCallbackHandler()]}
+    )
+    flushed(sink)
+    [start] = sink.of_type("program.start")
+    [end] = sink.of_type("program.end")
+    assert (start.program_id, start.framework) == ("swarm-run", "langgraph")
+    assert (end.program_id, end.status, end.agent) == ("swarm-run", "ok", "bob")
+
+
+def test_a_graph_whose_node_raises_ends_with_error_through_callbacks_and_the_exception_is_unchanged(sink):
+    failure = RuntimeError("node exploded")
+
+    def explode(state: MessagesState) -> dict:
+        raise failure
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("explode", explode)
+    graph.add_edge(START, "explode")
+    app = graph.compile()
+    with pytest.raises(RuntimeError) as raised:
+        app.invoke(
+            {"messages": [{"role": "user", "content": "go"}]}, {**config("g-crash"), "callbacks": [MaitredCallbackHandler()]}
+        )
+    assert raised.value is failure
+    flushed(sink)
+    assert [(e.program_id, e.framework) for e in sink.of_type("program.start")] == [("g-crash", "langgraph")]
+    assert [(e.program_id, e.status) for e in sink.of_type("program.end")] == [("g-crash", "error")]
+
+
+def test_runs_only_callbacks_beside_the_middleware_end_a_swarm_without_recording_calls_twice(sink):
+    app, _, _ = swarm(middleware=True)
+    app.invoke(
+        {"messages": [{"role": "user", "content": "go"}]},
+        {**config("swarm-both"), "callbacks": [MaitredCallbackHandler(record_calls=False)]},
+    )
+    flushed(sink)
+    assert {e.call_id for e in sink.of_type("tool.start")} == {"call_alice_add", "call_to_bob", "call_bob_grep"}
+    assert len(sink.of_type("tool.start")) == 3 and len(sink.of_type("handoff")) == 1
+    assert [(e.status, e.agent) for e in sink.of_type("program.end")] == [("ok", "bob")]

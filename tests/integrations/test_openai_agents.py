@@ -193,3 +193,40 @@ def test_model_calls_can_be_left_to_the_gateway(sink):
     assert maitred.flush(timeout=5)
     assert sink.of_type("llm.start") == sink.of_type("llm.end") == []
     assert [e.call_id for e in sink.of_type("tool.start")] == ["call_lookup_1"] and len(sink.of_type("handoff")) == 1
+
+
+# -- runs: one trace is one run of the program ---------------------------------------------------
+
+
+def test_a_finished_run_ends_its_program_in_the_store_with_framework_and_the_last_agent(db_url):
+    from maitred.storage import SessionStore
+
+    maitred.configure(db_url=db_url)
+    processor = MaitredTracingProcessor()
+    try:
+        assert run(agents_pair(), processor, hooks=MaitredRunHooks(processor), group="conv-end").final_output == "It shipped."
+    finally:
+        set_trace_processors([])
+    assert maitred.flush(timeout=10)
+    with SessionStore(db_url) as store:
+        [row] = [p for p in store.programs() if p.program_id == "conv-end"]
+    assert (row.framework, row.agent, row.status) == ("openai-agents", "billing", "ok")
+    assert row.ended_at is not None and (row.tool_calls, row.llm_calls) == (1, 3)
+
+
+def test_a_run_that_raises_ends_with_error_and_the_caller_gets_the_same_exception(sink):
+    failure = ConnectionResetError("model server went away")
+
+    class Broken(ScriptedModel):
+        async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+            raise failure
+
+    agent = Agent(name="triage", instructions="route", model=Broken([]))
+    with pytest.raises(ConnectionResetError) as raised:
+        run(agent, MaitredTracingProcessor(), group="conv-crash")
+    assert raised.value is failure
+    assert maitred.flush(timeout=5)
+    [start] = sink.of_type("program.start")
+    [end] = sink.of_type("program.end")
+    assert (start.program_id, start.framework, start.attrs) == ("conv-crash", "openai-agents", {"workflow": "Agent workflow"})
+    assert (end.program_id, end.status, end.agent) == ("conv-crash", "error", "triage")

@@ -37,7 +37,7 @@ def test_langgraph_swarm_through_the_gateway_carries_the_program_id_on_every_req
     from langchain_openai import ChatOpenAI
     from langgraph_swarm import create_handoff_tool, create_swarm
 
-    from maitred.integrations.langgraph import MaitredMiddleware
+    from maitred.integrations.langgraph import MaitredCallbackHandler, MaitredMiddleware
 
     c = cluster()
     maitred.configure(runtime_url=c.url)
@@ -67,8 +67,10 @@ def test_langgraph_swarm_through_the_gateway_carries_the_program_id_on_every_req
     )
     bob = create_agent(model(), [grep], name="bob", middleware=[MaitredMiddleware(record_model_calls=False)])
     app = create_swarm([alice, bob], default_active_agent="alice").compile()
+    assert c.program("swarm-gw") is None
     result = app.invoke(
-        {"messages": [{"role": "user", "content": "add, then hand over to bob"}]}, {"configurable": {"thread_id": "swarm-gw"}}
+        {"messages": [{"role": "user", "content": "add, then hand over to bob"}]},
+        {"configurable": {"thread_id": "swarm-gw"}, "callbacks": [MaitredCallbackHandler(record_calls=False)]},
     )
     assert result["messages"][-1].content.startswith("Finished after")
     assert maitred.flush(timeout=10)
@@ -78,18 +80,20 @@ def test_langgraph_swarm_through_the_gateway_carries_the_program_id_on_every_req
     assert all(json.loads(r.content)["program_id"] == "swarm-gw" for r in chats)
     assert all(r.headers["x-program-id"] == "swarm-gw" for r in chats)
 
-    info = c.program("swarm-gw")
-    assert info is not None and info["worker"] in c.worker_urls
+    until(lambda: c.program("swarm-gw") is None, what="the finished run leaving the runtime")  # ended, not acting
     with SessionStore(c.db_url) as store:
         timeline = until(
             lambda: (
                 (t := store.program("swarm-gw"))
                 and len(t.handoffs) == 1
                 and len([s for s in t.spans if s.kind == "llm" and s.end]) == 4
+                and t.program.status is not None
                 and t
             ),
             what="the swarm in the store",
         )
+    assert (timeline.program.framework, timeline.program.agent, timeline.program.status) == ("langgraph", "bob", "ok")
+    assert {s.detail["worker"] for s in timeline.spans if s.kind == "llm"} <= set(c.worker_urls)
     tools = {s.detail["call_id"]: (s.name, s.agent) for s in timeline.spans if s.kind == "tool"}
     assert sorted(tools.values()) == [("add", "alice"), ("grep", "bob"), ("transfer_to_bob", "alice")]
     assert all(call_id.startswith("call_") for call_id in tools)
@@ -118,6 +122,7 @@ def test_claude_code_http_hook_payloads_drive_the_runtime(cluster):
             lambda: (t := store.program(SESSION)) and len([s for s in t.spans if s.kind == "tool"]) == 4 and t,
             what="the session in the store",
         )
+    assert (timeline.program.framework, timeline.program.status) == ("claude-code", None)  # SessionStart's, still running
     assert {s.detail["call_id"] for s in timeline.spans if s.kind == "tool"} == {
         "toolu_01Bash1",
         "toolu_01Agent1",
