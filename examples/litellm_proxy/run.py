@@ -2,8 +2,9 @@
 
 Starts two sim-workers and a maitred gateway here (the runtime the callback asks), then the
 LiteLLM proxy with ``config.yaml`` (its api_bases pointed at the sim-workers), and sends a few
-requests for two programs, naming each program in a different way. Every request of a program
-lands on the worker the runtime assigned it, streaming or not.
+requests for two programs, naming each program in a different way, and a Claude Code-shaped
+session (Anthropic ``/v1/messages``, the session in ``x-claude-code-session-id``). Every request
+of a program lands on the worker the runtime assigned it, streaming or not.
 
     python examples/litellm_proxy/run.py
 """
@@ -13,6 +14,7 @@ import secrets
 import subprocess
 import sys
 import tempfile
+import uuid
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -37,6 +39,23 @@ def request(proxy: str, key: str, program: str, how: str, stream: bool) -> str:
     else:
         headers["x-program-id"] = program
     with httpx.stream("POST", f"{proxy}/v1/chat/completions", json=body, headers=headers, timeout=120) as r:
+        r.read()
+        r.raise_for_status()
+        return r.headers["x-litellm-model-api-base"].rstrip("/").removesuffix("/v1")
+
+
+def claude_code_turn(proxy: str, key: str, session: str) -> str:
+    """One model call as Claude Code sends it to a proxy (``ANTHROPIC_BASE_URL``)."""
+    body = {
+        "model": "sim",
+        "max_tokens": 16,
+        "stream": True,
+        "metadata": {"user_id": f"user_0_account__session_{session}"},
+        "system": [{"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."}],
+        "messages": [{"role": "user", "content": "run the tests"}],
+    }
+    headers = {"authorization": f"Bearer {key}", "anthropic-version": "2023-06-01", "x-claude-code-session-id": session}
+    with httpx.stream("POST", f"{proxy}/v1/messages", json=body, headers=headers, timeout=120) as r:
         r.read()
         r.raise_for_status()
         return r.headers["x-litellm-model-api-base"].rstrip("/").removesuffix("/v1")
@@ -75,6 +94,10 @@ def main() -> None:
             landed = [request(url, key, program, how, stream) for stream in (False, True, False)]
             assigned = httpx.get(f"{cluster.gateway_url}/v1/programs/{program}").json()["worker"]
             print(f"{program:<17} named by {how:<8} landed on {landed}; the runtime assigned {assigned}")
+        session = str(uuid.uuid4())
+        landed = [claude_code_turn(url, key, session) for _ in range(3)]
+        assigned = httpx.get(f"{cluster.gateway_url}/v1/programs/{session}").json()["worker"]
+        print(f"Claude Code session {session[:8]} on /v1/messages landed on {landed}; the runtime assigned {assigned}")
 
 
 if __name__ == "__main__":

@@ -11,11 +11,14 @@ over the same workers) each request of a program:
 
 1. ``async_pre_call_hook``: the program id is taken from the body (``program_id``, or
    ``metadata.program_id``) or the requester's headers (``X-Program-Id``,
-   ``x-litellm-session-id``, ``X-Claude-Code-Session-Id``). The hook asks the runtime for
+   ``x-litellm-session-id``, ``X-Claude-Code-Session-Id``, which Claude Code sends on
+   ``/v1/messages``). The hook asks the runtime for
    admission (``POST /v1/admit``, which records the ``llm.start``): the runtime answers at once
    when the program fits, else when a scheduling step admits it or its hold bound passes (then
-   it goes anyway, like the gateway's forced admission), with the program's worker. It writes ``program_id`` into the forwarded body,
-   because LiteLLM forwards neither client headers nor ``metadata`` to a deployment.
+   it goes anyway, like the gateway's forced admission), with the program's worker. It writes
+   ``program_id`` into the forwarded body, because LiteLLM forwards neither client headers nor
+   ``metadata`` to a deployment, and the program id and worker into the proxy's metadata
+   (``_proxy_metadata``), where the later hooks of the request find them.
 2. ``async_filter_deployments``: keeps the deployment whose normalised ``api_base`` is the
    program's worker, on every request, streaming included; if none matches, all are kept (a
    scheduling hint never fails a request).
@@ -27,6 +30,9 @@ over the same workers) each request of a program:
 
 LiteLLM decides which hooks a callback implements by looking at the class (``vars(cls)``), so
 each hook is defined here on ``MaitredLogger`` itself, not inherited.
+
+Importing this module sets ``LITELLM_LOCAL_MODEL_COST_MAP=True`` unless the environment says
+otherwise: without it, importing LiteLLM downloads a model price list from the internet.
 """
 
 from __future__ import annotations
@@ -39,6 +45,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import httpx
+
+# Before LiteLLM's first import (which, without it, fetches its price list over the network); a
+# proxy has imported LiteLLM before loading its callbacks, so it needs the variable set itself.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
 from litellm.integrations.custom_logger import CustomLogger
 
 from maitred.events import PROGRAM_ID_HEADERS, LLMEnd
@@ -53,26 +64,44 @@ _WORKER_KEY = "maitred_worker"
 _PROGRAM_KEY = "maitred_program_id"
 
 
+#: The endpoint paths LiteLLM appends to a deployment's ``api_base`` when it reports where a
+#: call went (``standard_logging_object.api_base``) for most providers other than ``openai/``.
+_ENDPOINT_PATHS = ("/chat/completions", "/completions", "/messages", "/responses")
+
+
 def normalize_base(url: str | None) -> str | None:
-    """``http://127.0.0.1:30000/v1/`` and ``http://127.0.0.1:30000`` name the same worker."""
+    """The worker's base URL, as ``maitred serve --worker`` names it: ``http://127.0.0.1:30000/v1/``,
+    ``http://127.0.0.1:30000/v1/messages`` and ``http://127.0.0.1:30000`` are one worker. The
+    runtime keys a worker's KV residency by this name, so every spelling must map to it."""
     if not url:
         return None
     text = url.strip().rstrip("/").lower()
+    for path in _ENDPOINT_PATHS:
+        if text.endswith(path):
+            text = text[: -len(path)]
+            break
     return text[: -len("/v1")] if text.endswith("/v1") else text
 
 
-def _metadata(data: Mapping[str, Any]) -> dict[str, Any]:
-    for key in ("metadata", "litellm_metadata"):
+def _proxy_metadata(data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The proxy's own metadata of a request: the requester's headers, what LiteLLM adds, and
+    what the maitred hooks leave for the later hooks. On the routes of LiteLLM's
+    ``LITELLM_METADATA_ROUTES`` (``/v1/messages``, ``/v1/responses``, ...) it is
+    ``litellm_metadata``, because ``metadata`` there is the provider's own body field (Anthropic's
+    ``{"user_id": ...}``, which Claude Code always sends); elsewhere it is ``metadata``. LiteLLM
+    creates ``litellm_metadata`` only on those routes, so its presence decides."""
+    for key in ("litellm_metadata", "metadata"):
         value = data.get(key)
         if isinstance(value, dict):
             return value
-    return {}
+    return None
 
 
 def program_id_of(data: Mapping[str, Any]) -> str | None:
     """The program a proxied request belongs to: body ``program_id``, ``metadata.program_id``,
-    then the requester's headers (the proxy keeps them under ``metadata.headers``)."""
-    metadata = _metadata(data)
+    then the requester's headers (the proxy keeps them in its metadata, ``headers``). The one
+    place the callback reads a program id, on every route."""
+    metadata = _proxy_metadata(data) or {}
     for value in (
         data.get("program_id"),
         metadata.get(_PROGRAM_KEY),
@@ -127,7 +156,9 @@ class MaitredLogger(CustomLogger):
             if program_id is None:
                 return data
             data["program_id"] = program_id
-            metadata = data.setdefault("metadata", {}) if isinstance(data.get("metadata", {}), dict) else _metadata(data)
+            metadata = _proxy_metadata(data)
+            if metadata is None:  # called outside the proxy, with no metadata of its own
+                metadata = data.setdefault("metadata", {})
             metadata[_PROGRAM_KEY] = program_id
             url = self.runtime_url
             if url is not None:
@@ -168,7 +199,7 @@ class MaitredLogger(CustomLogger):
         parent_otel_span: Any = None,
     ) -> list:
         try:
-            worker = _metadata(request_kwargs or {}).get(_WORKER_KEY)
+            worker = (_proxy_metadata(request_kwargs or {}) or {}).get(_WORKER_KEY)
             if not worker:
                 return healthy_deployments
             chosen = [d for d in healthy_deployments if normalize_base((d.get("litellm_params") or {}).get("api_base")) == worker]

@@ -1,12 +1,17 @@
-"""LiteLLM proxy: a real ``litellm`` proxy process with two simulated-worker deployments, the
-maitred callback loaded from its config, and a maitred gateway as the runtime that decides."""
+"""LiteLLM proxy: a real ``litellm`` proxy process, run from a venv with only maitred's
+``[litellm]`` extra installed, with two ``maitred sim-worker`` deployments, the maitred callback
+loaded from the example config, and ``maitred serve`` over the same workers as the runtime that
+decides."""
 
+import hashlib
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -19,16 +24,76 @@ import pytest
 # LiteLLM fetches a price list from the network at import unless told to use its bundled copy.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 pytest.importorskip("litellm", reason="the litellm extra is not installed")
-pytest.importorskip("backoff", reason="the litellm extra (the proxy's dependencies) is not installed")
 
 from maitred.harness.background import free_port, wait_http
-from maitred.harness.local import local_cluster
 from maitred.integrations.litellm import MaitredLogger, llm_end_of, normalize_base, program_id_of
 from maitred.storage import SessionStore
 
-EXAMPLE = Path(__file__).parents[2] / "examples" / "litellm_proxy" / "config.yaml"
+REPO = Path(__file__).parents[2]
+EXAMPLE = REPO / "examples" / "litellm_proxy" / "config.yaml"
 #: Room for one program per worker (context + the runtime's 512-token reserve), so a third waits.
 GPU_TOKENS = 900
+
+# Building the extra's venv (first run only) and starting the proxy outlast the default timeout.
+pytestmark = pytest.mark.timeout(1200)
+
+
+@pytest.fixture(scope="session")
+def litellm_venv(pytestconfig) -> Path:
+    """A venv with only ``pip install -e '.[litellm]'``: the proxy must start from the extra
+    alone (``.[dev]`` pulls in modules the proxy imports, hiding a missing one). Built once into
+    pytest's cache, keyed by ``pyproject.toml`` and the Python version; skipped where it cannot
+    be built (no package index), except in CI, where that is a failure."""
+    key = hashlib.sha256(REPO.joinpath("pyproject.toml").read_bytes() + sys.version.encode()).hexdigest()[:12]
+    folder = pytestconfig.cache.mkdir(f"litellm-extra-venv-{key}")
+    venv, ready = folder / "venv", folder / "ready"
+    if not ready.exists():
+        shutil.rmtree(venv, ignore_errors=True)
+        steps = (
+            [sys.executable, "-m", "venv", str(venv)],
+            [
+                str(venv / "bin" / "python"),
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "-e",
+                f"{REPO}[litellm]",
+            ],
+        )
+        for step in steps:
+            done = subprocess.run(step, capture_output=True, text=True, timeout=1200)
+            if done.returncode != 0:
+                last = (done.stderr.strip() or done.stdout.strip() or f"exit status {done.returncode}").splitlines()[-1]
+                message = f"a venv with only maitred[litellm] could not be built ({last})"
+                if os.environ.get("CI"):
+                    pytest.fail(message)
+                pytest.skip(message)
+        ready.write_text(key)
+    return venv
+
+
+def _start(stack: ExitStack, argv: list[str], *, health: str, log: Path, env: dict[str, str], timeout_s: float) -> None:
+    """Start ``argv`` as a child process (stopped when ``stack`` closes) and wait until ``health``
+    answers; if it never does, the error carries the end of the process's output."""
+    out = stack.enter_context(open(log, "w"))
+    process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    stack.callback(_stop, process)
+    try:
+        wait_http(health, timeout_s=timeout_s, process=process)
+    except (RuntimeError, TimeoutError) as exc:
+        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
+        raise RuntimeError(f"{exc}\n--- the end of {log.name} ---\n{tail}") from None
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 @dataclass
@@ -59,9 +124,50 @@ class Proxy:
             assert r.status_code == 200, text
             return normalize_base(r.headers["x-litellm-model-api-base"]) or "", text
 
+    def claude_code(self, session_id: str, messages: list[dict[str, Any]]) -> tuple[str, str]:
+        """One model call as Claude Code makes it through a proxy (``ANTHROPIC_BASE_URL``): an
+        Anthropic ``/v1/messages`` stream with its ``metadata.user_id``, system blocks and tools,
+        and the session in ``x-claude-code-session-id``; returns (the deployment's api_base, the
+        event stream)."""
+        body = {
+            "model": "sim",
+            "max_tokens": 8,
+            "stream": True,
+            "metadata": {"user_id": f"user_{'0' * 64}_account__session_{session_id}"},
+            "system": [
+                {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."},
+                {"type": "text", "text": "Work in the repository. " * 20, "cache_control": {"type": "ephemeral"}},
+            ],
+            "tools": [
+                {
+                    "name": "Bash",
+                    "description": "Run a shell command.",
+                    "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+                }
+            ],
+            "messages": messages,
+        }
+        headers = {
+            "authorization": f"Bearer {self.key}",
+            "anthropic-version": "2023-06-01",
+            "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14",
+            "x-app": "cli",
+            "user-agent": "claude-cli/2.0.0 (external, cli)",
+            "x-claude-code-session-id": session_id,
+        }
+        with httpx.stream("POST", f"{self.url}/v1/messages", json=body, headers=headers, timeout=120) as r:
+            text = r.read().decode()
+            assert r.status_code == 200, text
+            return normalize_base(r.headers["x-litellm-model-api-base"]) or "", text
+
     def program(self, program_id: str) -> dict[str, Any] | None:
         r = httpx.get(f"{self.runtime}/v1/programs/{program_id}", timeout=10)
         return r.json() if r.status_code == 200 else None
+
+    def events(self, program_id: str, kind: str) -> list[dict[str, Any]]:
+        """The program's events of type ``kind`` in the runtime's store."""
+        with SessionStore(self.db_url) as store:
+            return [e for e in store.events(program_id) if e["type"] == kind]
 
     def served(self, program_id: str) -> list[dict[str, Any]]:
         """The program's model calls the store has an ``llm.end`` for (with the worker that served it)."""
@@ -82,40 +188,55 @@ class Proxy:
 
 
 @pytest.fixture(scope="module")
-def proxy(tmp_path_factory) -> Iterator[Proxy]:
+def proxy(tmp_path_factory, litellm_venv) -> Iterator[Proxy]:
     tmp = tmp_path_factory.mktemp("litellm")
+    maitred = [sys.executable, "-m", "maitred"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAITRED_")}
     with ExitStack() as stack:
-        db_url = f"sqlite:///{tmp / 'gateway.db'}"
+        sims = []
+        for name in ("a", "b"):
+            port = free_port()
+            argv = [*maitred, "sim-worker", "--port", str(port), "--gpu-tokens", str(GPU_TOKENS), "--time-scale", "50"]
+            _start(stack, argv, health=f"http://127.0.0.1:{port}/health", log=tmp / f"sim-{name}.log", env=env, timeout_s=60)
+            sims.append(f"http://127.0.0.1:{port}")
+        db_url, port = f"sqlite:///{tmp / 'runtime.db'}", free_port()
         # No overcommit: the held-program test needs both workers' GPUs full with two programs.
-        cluster = stack.enter_context(
-            local_cluster(gpu_tokens=GPU_TOKENS, script_tools=False, db_url=db_url, time_scale=50.0, overcommit_headroom=0.0)
-        )
-        sims = cluster.worker_urls
+        argv = [*maitred, "serve", "--port", str(port), "--db", db_url, "--overcommit-headroom", "0", "--tick", "0.2"]
+        argv += [arg for sim in sims for arg in ("--worker", sim)]
+        runtime = f"http://127.0.0.1:{port}"
+        _start(stack, argv, health=f"{runtime}/healthz", log=tmp / "serve.log", env=env, timeout_s=60)
         config = tmp / "config.yaml"
         config.write_text(
             EXAMPLE.read_text().replace("http://127.0.0.1:30001", sims[0]).replace("http://127.0.0.1:30002", sims[1])
         )
         port, key = free_port(), "sk-" + secrets.token_hex(16)
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("MAITRED_")},
-            "LITELLM_MASTER_KEY": key,
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-            "MAITRED_URL": cluster.gateway_url,
-        }
-        log = stack.enter_context(open(tmp / "proxy.log", "w"))
-        litellm_cli = Path(sys.executable).with_name("litellm")
-        process = subprocess.Popen(
-            [str(litellm_cli), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            wait_http(f"http://127.0.0.1:{port}/health/liveliness", timeout_s=240, process=process)
-            yield Proxy(f"http://127.0.0.1:{port}", key, cluster.gateway_url, [normalize_base(s) or "" for s in sims], db_url)
-        finally:
-            process.terminate()
-            process.wait(30)
+        # The extra's venv alone: nothing of this interpreter's packages on the proxy's path.
+        proxy_env = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        proxy_env |= {"LITELLM_MASTER_KEY": key, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "MAITRED_URL": runtime}
+        argv = [str(litellm_venv / "bin" / "litellm"), "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
+        url = f"http://127.0.0.1:{port}"
+        _start(stack, argv, health=f"{url}/health/liveliness", log=tmp / "proxy.log", env=proxy_env, timeout_s=240)
+        yield Proxy(url, key, runtime, [normalize_base(s) or "" for s in sims], db_url)
+
+
+def test_claude_code_calls_of_a_session_are_admitted_and_stay_on_one_worker(proxy):
+    session = str(uuid.uuid4())
+    messages: list[dict[str, Any]] = []
+    landed = []
+    for turn in range(4):
+        messages.append({"role": "user", "content": [{"type": "text", "text": f"step {turn}: fix the failing test"}]})
+        worker, stream = proxy.claude_code(session, messages)
+        assert "event: message_start" in stream and "event: message_stop" in stream
+        landed.append(worker)
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": f"done with step {turn}"}]})
+    info = proxy.program(session)
+    assert info is not None, "the runtime never heard of the Claude Code session"
+    assert landed == [normalize_base(info["worker"])] * 4
+    proxy.end(session, 4)
+    assert len(proxy.events(session, "llm.start")) == 4  # each call admitted under the session id
+    served = proxy.served(session)
+    assert {d["worker"] for d in served} == {landed[0]}
+    assert served[-1]["cached_tokens"] > 0  # the session's prefix, cached on the worker it stayed on
 
 
 def test_requests_of_a_program_keep_landing_on_the_worker_the_runtime_assigned(proxy):
@@ -174,6 +295,36 @@ def test_program_id_sources_and_a_call_without_one():
     assert program_id_of({"metadata": {}}) is None
     assert llm_end_of({"litellm_params": {"metadata": {}}, "standard_logging_object": {}}, "ok") is None
     assert normalize_base("HTTP://127.0.0.1:30001/v1/") == "http://127.0.0.1:30001"
+
+
+def test_a_worker_has_one_name_whatever_endpoint_litellm_reports():
+    for reported in (
+        "http://127.0.0.1:30001/v1/chat/completions",
+        "http://127.0.0.1:30001/v1/messages",
+        "http://127.0.0.1:30001",
+    ):
+        assert normalize_base(reported) == "http://127.0.0.1:30001"
+        slo = {"api_base": reported, "prompt_tokens": 3, "completion_tokens": 1}
+        event = llm_end_of({"litellm_params": {"metadata": {"program_id": "p"}}, "standard_logging_object": slo}, "ok")
+        assert event is not None and event.worker == "http://127.0.0.1:30001"
+
+
+def test_on_v1_messages_the_program_and_worker_live_in_the_proxys_litellm_metadata(monkeypatch):
+    """On ``/v1/messages`` ``metadata`` is Anthropic's body field (Claude Code's ``user_id``); the
+    proxy's headers, and what the hooks leave for each other, are in ``litellm_metadata``."""
+    import asyncio
+
+    monkeypatch.delenv("MAITRED_URL", raising=False)
+    logger = MaitredLogger()
+    data = {"metadata": {"user_id": "user_x"}, "litellm_metadata": {"headers": {"X-Claude-Code-Session-Id": "cc-1"}}}
+    assert program_id_of(data) == "cc-1"
+    out = asyncio.run(logger.async_pre_call_hook(None, None, data, "anthropic_messages"))
+    assert out["metadata"] == {"user_id": "user_x"}  # Anthropic's field goes on untouched
+    assert out["litellm_metadata"]["maitred_program_id"] == "cc-1"
+    out["litellm_metadata"]["maitred_worker"] = "http://127.0.0.1:30002"
+    deployments = [{"litellm_params": {"api_base": f"http://127.0.0.1:{port}/v1"}} for port in (30001, 30002)]
+    kept = asyncio.run(logger.async_filter_deployments("sim", deployments, None, request_kwargs=out))
+    assert kept == deployments[1:]
 
 
 def test_an_unavailable_runtime_is_not_waited_on_and_is_reported_once(caplog):
