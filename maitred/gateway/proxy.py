@@ -217,7 +217,8 @@ class Proxy:
                 receive,
             )
             worker = admission.worker
-            priority = runtime.priority_for(call.program_id, worker)
+            # SGLang builds its /v1/messages request without the body's priority: none is sent there
+            priority = None if call.route.anthropic else runtime.priority_for(call.program_id, worker)
             if priority is not None:
                 body["priority"] = priority
                 call.changed = True
