@@ -2,7 +2,9 @@
 
 ``build_app`` wires the parts and returns a FastAPI app whose lifespan opens the store (and
 seeds tool statistics from it), reads the workers' capacities, starts the scheduler, and on
-shutdown stops them in reverse and writes what is still queued for the store.
+shutdown stops them in reverse and writes what is still queued for the store. Without workers
+it is a telemetry-only service: hooks, events, programs, statistics and metrics work, and every
+model route answers 503 saying the gateway runs without workers.
 """
 
 import asyncio
@@ -60,8 +62,6 @@ def build_app(
 ) -> Gateway:
     """``on_shutdown`` runs (in a thread) last in the app's shutdown: uvicorn re-raises the
     signal that stopped it once the app is down, so cleanup after ``uvicorn.run`` may never run."""
-    if not cfg.workers:
-        raise ValueError("--worker: give at least one worker URL")
     # The control plane (health, load, capacity, warmups) speaks httpx; model requests go through
     # the proxy's own aiohttp pool (see gateway). Idle connections are let go well before a
     # worker's keep-alive timeout (uvicorn's and SGLang's: 5 s).
@@ -90,12 +90,15 @@ def build_app(
         await runtime.start(wait_for_workers_s=cfg.wait_for_workers_s)
         healthy = [url for url, w in runtime.state.workers.items() if w.healthy]
         down = [url for url in runtime.state.workers if url not in healthy]
-        log.info(
-            "maitred: gateway up; policy %s; workers up: %s%s",
-            cfg.runtime.policy,
-            ", ".join(healthy) or "none yet",
-            f"; not answering yet: {', '.join(down)}" if down else "",
-        )
+        if not cfg.workers:
+            log.info("maitred: gateway up without workers: telemetry only (model routes answer 503)")
+        else:
+            log.info(
+                "maitred: gateway up; policy %s; workers up: %s%s",
+                cfg.runtime.policy,
+                ", ".join(healthy) or "none yet",
+                f"; not answering yet: {', '.join(down)}" if down else "",
+            )
         if on_ready is not None:
             on_ready(gateway)
         try:
@@ -111,7 +114,7 @@ def build_app(
 
     app = FastAPI(title="maitred", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     proxy = Proxy(runtime, cfg.proxy, max_connections=cfg.max_connections)
-    add_proxy_routes(app, proxy)
+    add_proxy_routes(app, proxy if cfg.workers else None)
     add_admin_routes(app, runtime, token=cfg.token, max_events_bytes=cfg.max_events_bytes, hook_mapper=hook_mapper)
     gateway = Gateway(app, runtime, client, proxy)
     return gateway

@@ -1,7 +1,9 @@
 """What every gateway endpoint checks before it does anything: the bearer token and the body size.
 
 Errors are JSON ``{"error": {"message", "type", "field"}}`` with a 4xx status, the shape OpenAI
-clients already print, naming what was wrong.
+clients already print, naming what was wrong. On Anthropic's routes (``/v1/messages``) they take
+Anthropic's shape instead, ``{"type": "error", "error": {"type", "message"}}``, which the
+Anthropic SDKs (and Claude Code) parse and print; the message still names the field.
 """
 
 import hmac
@@ -19,8 +21,30 @@ class HTTPProblem(Exception):
         super().__init__(message)
         self.status, self.message, self.field, self.kind = status, message, field, kind
 
-    def response(self) -> Response:
-        return error_response(self.status, self.message, field=self.field, kind=self.kind)
+    def response(self, *, anthropic: bool = False) -> Response:
+        return error_response(self.status, self.message, field=self.field, kind=self.kind, anthropic=anthropic)
+
+
+#: Anthropic's error ``type`` for each kind of error the gateway gives; its API names only a
+#: few (invalid_request_error, authentication_error, request_too_large, overloaded_error,
+#: api_error, ...), and its SDKs retry ``overloaded_error`` like a 529.
+ANTHROPIC_KINDS = {
+    "invalid_request_error": "invalid_request_error",
+    "authentication_error": "authentication_error",
+    "request_too_large": "request_too_large",
+    "service_unavailable": "overloaded_error",
+    "no_workers": "api_error",
+}
+
+
+def error_body(message: str, *, field: str | None = None, kind: str = "invalid_request_error", anthropic: bool = False) -> bytes:
+    """The JSON of one error, in OpenAI's shape or (``anthropic``) in Anthropic's."""
+    if anthropic:
+        return orjson.dumps({"type": "error", "error": {"type": ANTHROPIC_KINDS.get(kind, "api_error"), "message": message}})
+    body: dict[str, Any] = {"message": message, "type": kind}
+    if field is not None:
+        body["field"] = field
+    return orjson.dumps({"error": body})
 
 
 def error_response(
@@ -30,11 +54,10 @@ def error_response(
     field: str | None = None,
     kind: str = "invalid_request_error",
     headers: dict[str, str] | None = None,
+    anthropic: bool = False,
 ) -> Response:
-    body: dict[str, Any] = {"message": message, "type": kind}
-    if field is not None:
-        body["field"] = field
-    return Response(orjson.dumps({"error": body}), status_code=status, media_type="application/json", headers=headers)
+    content = error_body(message, field=field, kind=kind, anthropic=anthropic)
+    return Response(content, status_code=status, media_type="application/json", headers=headers)
 
 
 def check_token(request: Request, token: str | None) -> None:

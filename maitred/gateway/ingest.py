@@ -177,10 +177,16 @@ class _AdminRoutes:
 
     async def healthz(self, request: Request) -> Response:
         workers = {url: w.healthy for url, w in self.runtime.state.workers.items()}
-        ok = any(workers.values())
+        telemetry_only = not workers  # started without workers: healthy, serving no model
+        ok = telemetry_only or any(workers.values())
         return _json(
             {
-                "status": "ok" if ok else "no healthy worker",
+                "status": "telemetry only: no workers, model routes answer 503"
+                if telemetry_only
+                else "ok"
+                if ok
+                else "no healthy worker",
+                "telemetry_only": telemetry_only,
                 "workers": workers,
                 "programs": len(self.runtime.state.programs),
                 "policy": self.runtime.scheduler.policy.name,

@@ -125,7 +125,9 @@ class LiveDriver:
         deadline = time.monotonic() + wait_for_workers_s
         while True:
             await self.watch.check_all()
-            if any(w.healthy for w in self.state.workers.values()) or time.monotonic() >= deadline:
+            # (no workers at all, a telemetry-only gateway, has nothing to wait for)
+            ready = not self.state.workers or any(w.healthy for w in self.state.workers.values())
+            if ready or time.monotonic() >= deadline:
                 break
             await asyncio.sleep(0.2)
         self._tasks = [asyncio.create_task(self._tick_loop()), asyncio.create_task(self._poll_loop())]

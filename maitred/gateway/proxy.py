@@ -1,11 +1,14 @@
-"""The OpenAI-compatible gateway: model requests in, each sent to its program's worker.
+"""The gateway's model routes: model requests in, each sent to its program's worker.
 
-``POST /v1/chat/completions`` and ``/v1/completions`` (streaming and not) and SGLang's
-``/generate`` pass through: the program id is taken out of the request (``programid``), the
+What SGLang serves passes through, streaming and not: OpenAI's ``POST /v1/chat/completions``,
+``/v1/completions`` and ``/v1/responses``, Anthropic's ``/v1/messages`` (errors there in
+Anthropic's shape), and SGLang's ``/generate``: the program id is taken out of the request
+(``programid``), the
 request waits until the runtime admits its program (at once when it fits), goes to the
 program's worker with its SGLang ``priority`` when configured, and what the worker reports
 (tokens, cached tokens) goes back into the runtime state and the store. Answers are passed
-through byte for byte, streams chunk by chunk.
+through byte for byte, streams chunk by chunk. ``/v1/messages/count_tokens`` generates
+nothing: it goes to the program's worker (or any) without admission and is not accounted.
 
 A worker that cannot be reached (refused or dropped connection) is declared down; its
 programs are re-placed on another worker and the request is sent again there (a recompute):
@@ -33,8 +36,10 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive
 
+from maitred.gateway.anthropic import check_anthropic_body
 from maitred.gateway.guard import HTTPProblem, error_response, parse_json_object, read_body
 from maitred.gateway.loop import Admission, LiveDriver, NoWorkerAvailable
+from maitred.gateway.models import list_models
 from maitred.gateway.programid import take_program_id
 from maitred.gateway.usage import PromptSize, SSEUsage, Usage, prompt_size, usage_of, warm_prompt
 
@@ -43,7 +48,38 @@ log = logging.getLogger("maitred.service")
 #: Connection-level failures: the worker may be gone (not that the request was bad).
 WORKER_DOWN = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 JSON = {"content-type": "application/json"}
-ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/generate": "generate"}
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One model route: its name (the metrics label), the API it speaks, and whether it
+    generates (admitted, accounted) or only asks (``count_tokens``: passed to a worker as is)."""
+
+    name: str
+    api: str  # "openai", "anthropic", "responses" or "sglang"
+    generates: bool = True
+
+    @property
+    def anthropic(self) -> bool:
+        return self.api == "anthropic"
+
+
+ENDPOINTS = {
+    "/v1/chat/completions": Route("chat", "openai"),
+    "/v1/completions": Route("completions", "openai"),
+    "/v1/responses": Route("responses", "responses"),
+    "/v1/messages": Route("messages", "anthropic"),
+    "/v1/messages/count_tokens": Route("count_tokens", "anthropic", generates=False),
+    "/generate": Route("generate", "sglang"),
+}
+#: The event after which a stream of each API has told its usage (the proxy records it then,
+#: before the client sees the end).
+STREAM_END = {
+    "openai": b"data: [DONE]",
+    "sglang": b"data: [DONE]",
+    "anthropic": b"event: message_stop",
+    "responses": b"event: response.completed",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +93,7 @@ class ProxyConfig:
 class _Call:
     """One client request on its way through."""
 
-    endpoint: str
+    route: Route
     path: str
     body: dict[str, Any]
     raw: bytes
@@ -68,6 +104,10 @@ class _Call:
     request_id: str
     injected_usage: bool = False
     size: PromptSize | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return self.route.name
 
 
 class Proxy:
@@ -95,37 +135,50 @@ class Proxy:
             raise RuntimeError("the proxy is not started")
         return self._session
 
+    async def models(self, request: Request) -> Response:
+        """``GET /v1/models``: what the workers that are up serve (``maitred.gateway.models``)."""
+        return await list_models(self.session, [url for url, w in self.runtime.state.workers.items() if w.healthy])
+
     def connections_in_use(self) -> int:
         """Connections to workers currently carrying a request (0 when all went back to the pool)."""
         connector = self._session.connector if self._session is not None else None
         return sum(len(v) for v in getattr(connector, "_acquired_per_host", {}).values()) if connector else 0
 
     async def handle(self, request: Request) -> Response:
-        endpoint = ENDPOINTS[request.url.path]
+        route = ENDPOINTS[request.url.path]
+        endpoint = route.name
         try:
-            call = self._prepare(endpoint, request.url.path, await read_body(request, self.cfg.max_body_bytes), request)
+            call = self._prepare(route, request.url.path, await read_body(request, self.cfg.max_body_bytes), request)
+            if not route.generates:
+                return await self._ask(call)
             return await self._send(call, request.receive)
         except ClientGone:
             self.runtime.metrics.requests.labels(endpoint, "client_gone").inc()
             return Response(status_code=499)  # nobody reads it: the client left while the request was held
         except HTTPProblem as exc:
             self.runtime.metrics.requests.labels(endpoint, "refused").inc()
-            return exc.response()
+            return exc.response(anthropic=route.anthropic)
         except NoWorkerAvailable as exc:
             self.runtime.metrics.requests.labels(endpoint, "no_worker").inc()
             return error_response(
-                503, f"no worker can take the request: {exc}", kind="service_unavailable", headers={"retry-after": "1"}
+                503,
+                f"no worker can take the request: {exc}",
+                kind="service_unavailable",
+                headers={"retry-after": "1"},
+                anthropic=route.anthropic,
             )
 
-    def _prepare(self, endpoint: str, path: str, raw: bytes, request: Request) -> _Call:
+    def _prepare(self, route: Route, path: str, raw: bytes, request: Request) -> _Call:
         body = parse_json_object(raw)
+        if route.anthropic:
+            check_anthropic_body(body, counting=not route.generates)
         program_id, changed = take_program_id(body, request.headers)
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise HTTPProblem(400, f"stream: expected true or false, got {stream!r}", field="stream")
         anonymous = program_id is None
         call = _Call(
-            endpoint,
+            route,
             path,
             body,
             raw,
@@ -135,7 +188,7 @@ class Proxy:
             stream,
             self.runtime.new_request_id(),
         )
-        if stream and endpoint != "generate":
+        if stream and route.api == "openai":
             options = body.get("stream_options")
             if options is None or (isinstance(options, dict) and not options.get("include_usage")):
                 body["stream_options"] = {**(options or {}), "include_usage": True}
@@ -145,7 +198,8 @@ class Proxy:
     async def _send(self, call: _Call, receive: Receive) -> Response:
         runtime, body = self.runtime, call.body
         model = body.get("model") if isinstance(body.get("model"), str) else None
-        prompt = warm_prompt(body)
+        # Only chat-shaped messages can be rendered for a warmup (SGLang's /v1/tokenize)
+        prompt = warm_prompt(body) if call.route.api == "openai" else None
         if prompt is not None and not call.anonymous:
             runtime.remember_prompt(call.program_id, prompt)
         size = call.size = prompt_size(body)
@@ -163,7 +217,8 @@ class Proxy:
                 receive,
             )
             worker = admission.worker
-            priority = runtime.priority_for(call.program_id, worker)
+            # SGLang builds its /v1/messages request without the body's priority: none is sent there
+            priority = None if call.route.anthropic else runtime.priority_for(call.program_id, worker)
             if priority is not None:
                 body["priority"] = priority
                 call.changed = True
@@ -184,7 +239,10 @@ class Proxy:
                 self._finish(call, worker, Usage(), None, ok=False)
                 runtime.metrics.requests.labels(call.endpoint, "timeout").inc()
                 return error_response(
-                    504, f"worker {worker} did not answer within {self.cfg.request_timeout_s:.0f} s", kind="timeout"
+                    504,
+                    f"worker {worker} did not answer within {self.cfg.request_timeout_s:.0f} s",
+                    kind="timeout",
+                    anthropic=call.route.anthropic,
                 )
             finally:
                 if not call.stream:
@@ -195,7 +253,35 @@ class Proxy:
             runtime.metrics.requests.labels(call.endpoint, "ok" if ok else f"worker_{status}").inc()
             return Response(payload, status_code=status, media_type=media_type)
         runtime.metrics.requests.labels(call.endpoint, "failed").inc()
-        return error_response(502, f"no worker completed the request after {self.cfg.max_attempts} attempts", kind="bad_gateway")
+        return error_response(
+            502,
+            f"no worker completed the request after {self.cfg.max_attempts} attempts",
+            kind="bad_gateway",
+            anthropic=call.route.anthropic,
+        )
+
+    async def _ask(self, call: _Call) -> Response:
+        """A request that generates nothing (``count_tokens``): to the program's worker when it
+        has one that is up, else to any worker that is up; no admission, nothing accounted."""
+        workers = self.runtime.state.workers
+        program = self.runtime.state.programs.get(call.program_id)
+        home = program.home_worker if program is not None else None
+        worker = home if home is not None and home in workers and workers[home].healthy else None
+        worker = worker or next((url for url, w in workers.items() if w.healthy), None)
+        if worker is None:
+            raise NoWorkerAvailable("every worker is down")
+        content = orjson.dumps(call.body) if call.changed else call.raw
+        try:
+            async with self.session.post(worker + call.path, data=content, headers=JSON) as response:
+                payload = await response.read()
+                status, media_type = response.status, response.headers.get("content-type", "application/json")
+        except (TimeoutError, *WORKER_DOWN) as exc:
+            self.runtime.metrics.requests.labels(call.endpoint, "failed").inc()
+            return error_response(
+                502, f"worker {worker} did not answer ({type(exc).__name__})", kind="bad_gateway", anthropic=call.route.anthropic
+            )
+        self.runtime.metrics.requests.labels(call.endpoint, "ok" if status == 200 else f"worker_{status}").inc()
+        return Response(payload, status_code=status, media_type=media_type)
 
     async def _lost(self, call: _Call, worker: str, exc: Exception, attempt: int) -> None:
         """The connection to ``worker`` failed. Refused: the worker is down. Dropped: it may
@@ -310,6 +396,7 @@ class _Piped:
     ) -> None:
         self.proxy, self.call, self.worker, self.upstream, self.release, self.ttft = proxy, call, worker, upstream, release, ttft
         self.scanner = SSEUsage(drop_usage_only=call.injected_usage)
+        self.end = STREAM_END[call.route.api]
         self.ok, self.recorded = True, False
 
     def record(self) -> None:
@@ -327,7 +414,7 @@ class _Piped:
             async for chunk in chunks:
                 out = scanner.feed(chunk)
                 if out:
-                    if b"[DONE]" in out:
+                    if self.end in out:
                         self.record()
                     yield out
             rest = scanner.finish()
@@ -346,7 +433,7 @@ class _Piped:
             self.proxy.runtime.worker_failed(self.worker, reason=type(exc).__name__)
             text = f"worker {self.worker} failed mid-stream ({type(exc).__name__}); the stream cannot be resumed"
         self.record()
-        return b"data: " + orjson.dumps({"error": {"message": text, "type": "worker_failed"}}) + b"\n\ndata: [DONE]\n\n"
+        return broken_stream_event(self.call.route.api, text)
 
     async def close(self) -> None:
         if self.ok and self.upstream.content.at_eof():
@@ -381,8 +468,33 @@ def _json(content: bytes) -> Any:
         return None
 
 
-def add_proxy_routes(app: FastAPI, proxy: Proxy) -> None:
+def broken_stream_event(api: str, text: str) -> bytes:
+    """The last event of a stream whose worker failed under it, in the stream's own API."""
+    if api == "anthropic":
+        return (
+            b"event: error\ndata: " + orjson.dumps({"type": "error", "error": {"type": "api_error", "message": text}}) + b"\n\n"
+        )
+    if api == "responses":
+        return b"event: error\ndata: " + orjson.dumps({"type": "error", "code": "worker_failed", "message": text}) + b"\n\n"
+    return b"data: " + orjson.dumps({"error": {"message": text, "type": "worker_failed"}}) + b"\n\ndata: [DONE]\n\n"
+
+
+NO_WORKERS = (
+    "this gateway runs without workers (telemetry only: hooks, events, programs, statistics and metrics); "
+    "start it with --worker URL to serve models"
+)
+
+
+async def no_workers(request: Request) -> Response:
+    """Every model route of a gateway started without workers."""
+    route = ENDPOINTS.get(request.url.path)
+    return error_response(503, NO_WORKERS, kind="no_workers", anthropic=route is not None and route.anthropic)
+
+
+def add_proxy_routes(app: FastAPI, proxy: Proxy | None) -> None:
+    """The model routes (``proxy`` None: a gateway without workers, whose model routes say so)."""
     # Plain Starlette routes: the handlers take the Request and answer a Response themselves, so
     # FastAPI's parameter resolution (a measurable share of the latency budget) is skipped.
     for path in ENDPOINTS:
-        app.add_route(path, proxy.handle, methods=["POST"], include_in_schema=False)
+        app.add_route(path, proxy.handle if proxy is not None else no_workers, methods=["POST"], include_in_schema=False)
+    app.add_route("/v1/models", proxy.models if proxy is not None else no_workers, methods=["GET"], include_in_schema=False)

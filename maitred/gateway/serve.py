@@ -93,7 +93,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1; others need --token)")
     parser.add_argument("--port", type=port, default=8000, help="port to listen on (default: 8000)")
     parser.add_argument(
-        "--worker", type=_worker_url, action="append", default=[], metavar="URL", help="base URL of an SGLang server (repeatable)"
+        "--worker",
+        type=_worker_url,
+        action="append",
+        default=[],
+        metavar="URL",
+        help="base URL of an SGLang server (repeatable; none: telemetry only, no model routes)",
     )
     parser.add_argument("--policy", choices=POLICY_NAMES, default="maitred", help="scheduling policy (default: maitred)")
     parser.add_argument(
@@ -233,8 +238,6 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLogger().level))
     # httpx logs every health and load poll (four lines a second with two workers) at INFO
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
-    if not args.worker and not args.launch_sglang:
-        return _refuse("--worker: give at least one worker URL (or --launch-sglang MODEL_PATH)")
     try:
         launch = _launch(args) if args.launch_sglang else None
         cfg = _config(args, [*args.worker, *(launch.urls() if launch else [])])

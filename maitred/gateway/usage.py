@@ -1,10 +1,19 @@
 """What a worker's answer says about the prompt: tokens, cached tokens (fed back into the state).
 
-Two answer shapes: OpenAI's ``usage`` (``prompt_tokens``, ``completion_tokens``,
-``prompt_tokens_details.cached_tokens`` with SGLang's ``--enable-cache-report``) and SGLang's
-``/generate`` ``meta_info`` (``prompt_tokens``, ``completion_tokens``, ``cached_tokens``). A
-stream carries them in its last chunks; ``SSEUsage`` finds them while the chunks pass through
-untouched, parsing only the events that can hold them.
+Four answer shapes: OpenAI's chat and completion ``usage`` (``prompt_tokens``,
+``completion_tokens``, ``prompt_tokens_details.cached_tokens`` with SGLang's
+``--enable-cache-report``); SGLang's ``/generate`` ``meta_info`` (``prompt_tokens``,
+``completion_tokens``, ``cached_tokens``); Anthropic's ``usage`` on ``/v1/messages``
+(``input_tokens``, ``output_tokens``, ``cache_read_input_tokens``); and OpenAI's Responses API
+``usage`` (``input_tokens``, ``output_tokens``, ``input_tokens_details.cached_tokens``). A stream
+carries them in its last events (Anthropic's in ``message_start.message.usage`` and
+``message_delta.usage``, the Responses API's in ``response.completed``); ``SSEUsage`` finds them
+while the chunks pass through untouched, parsing only the events that can hold them.
+
+On ``/v1/messages`` SGLang reports ``input_tokens`` as the whole prompt, cached part included
+(``cache_read_input_tokens`` is that part), where Anthropic's own API counts cache reads and
+writes apart from ``input_tokens``. The workers are SGLang, so ``input_tokens`` is taken as the
+prompt; adding the cache counts to it would count the cached prefix twice.
 """
 
 import re
@@ -34,7 +43,13 @@ def usage_of(body: Any) -> Usage:
     """Token counts of one answer (or one stream chunk); absent or malformed fields are None."""
     if not isinstance(body, dict):
         return Usage()
+    if "usage" not in body:
+        # Anthropic's message_start carries its usage in ``message``, Responses stream events in ``response``
+        inner = body.get("message") if body.get("type") == "message_start" else body.get("response")
+        body = inner if isinstance(inner, dict) else body
     source = body.get("usage")
+    if isinstance(source, dict) and ("input_tokens" in source or "output_tokens" in source):
+        return _input_output_usage(source)
     if not isinstance(source, dict):
         source = body.get("meta_info")
     if not isinstance(source, dict):
@@ -44,6 +59,15 @@ def usage_of(body: Any) -> Usage:
     except WorkerProtocolError:
         cached = None
     return Usage(_int(source.get("prompt_tokens")), _int(source.get("completion_tokens")), cached)
+
+
+def _input_output_usage(source: dict[str, Any]) -> Usage:
+    """Anthropic's and the Responses API's usage (see the module's note on ``input_tokens``)."""
+    cached = _int(source.get("cache_read_input_tokens"))
+    details = source.get("input_tokens_details")
+    if cached is None and isinstance(details, dict):
+        cached = _int(details.get("cached_tokens"))
+    return Usage(_int(source.get("input_tokens")), _int(source.get("output_tokens")), cached)
 
 
 #: Characters per token assumed until a program's own ratio is known (English text and code).
@@ -67,17 +91,52 @@ class PromptSize:
         return round(self.chars / (chars_per_token or CHARS_PER_TOKEN))
 
 
+#: Characters counted for each message (its role and the chat template's markers).
+MESSAGE_OVERHEAD_CHARS = 16
+
+
+def _text_chars(value: Any) -> int:
+    """Characters of the text in a message's content, in any of the shapes clients send: a
+    string; a list of parts or blocks (OpenAI's ``text`` parts, Anthropic's ``text``,
+    ``tool_use`` with its JSON ``input`` and ``tool_result`` with its own content, the Responses
+    API's ``input_text`` items); an object with ``text``, ``content``, ``arguments`` or
+    ``input``. Images and documents add nothing: their size in tokens is not in their bytes."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return sum(_text_chars(v) for v in value)
+    if not isinstance(value, dict):
+        return 0
+    chars = 0
+    for key in ("text", "content", "name", "arguments", "output", "thinking"):
+        chars += _text_chars(value.get(key))
+    if isinstance(value.get("input"), dict):
+        chars += len(orjson.dumps(value["input"]))
+    if isinstance(value.get("tool_calls"), list):
+        chars += len(orjson.dumps(value["tool_calls"]))
+    return chars
+
+
 def prompt_size(body: dict[str, Any]) -> PromptSize | None:
+    """How big a request's prompt is: token ids counted as given; messages (chat and Anthropic,
+    with Anthropic's ``system``), the Responses API's ``input`` and ``instructions``, and the tool
+    definitions counted in characters."""
     ids = body.get("input_ids")
     if isinstance(ids, list):
         return PromptSize(tokens=len(ids))
     messages = body.get("messages")
+    if not isinstance(messages, list):
+        messages = body.get("input") if isinstance(body.get("input"), list) else None
     if isinstance(messages, list):
-        chars = 0
-        for m in messages:
-            if isinstance(m, dict):
-                content = m.get("content")
-                chars += (len(content) if isinstance(content, str) else len(str(content or ""))) + 16
+        chars = sum(_text_chars(m) + MESSAGE_OVERHEAD_CHARS for m in messages if isinstance(m, dict))
+    elif isinstance(body.get("input"), str):
+        chars = len(body["input"])
+    else:
+        chars = -1
+    if chars >= 0:
+        chars += _text_chars(body.get("system")) + _text_chars(body.get("instructions"))
+        if isinstance(body.get("tools"), list):
+            chars += len(orjson.dumps(body["tools"]))
         return PromptSize(chars=chars)
     for key in ("prompt", "text"):
         value = body.get(key)
@@ -103,6 +162,10 @@ def warm_prompt(body: dict[str, Any]) -> str | list[int] | tuple[list[dict[str, 
         if isinstance(value, list) and value and all(isinstance(x, int) and not isinstance(x, bool) for x in value):
             return value
     return None
+
+
+def _fields(usage: Usage) -> tuple[int | None, int | None, int | None]:
+    return usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens
 
 
 class SSEUsage:
@@ -177,6 +240,11 @@ class SSEUsage:
                     return None
                 found = usage_of(body)
                 if found.prompt_tokens is not None or found.completion_tokens is not None:
-                    self.usage = found
+                    # A later event's counts win; one that leaves a count out keeps the earlier one
+                    # (Anthropic's message_delta may give only output_tokens after message_start).
+                    was = self.usage
+                    self.usage = Usage(
+                        *(new if new is not None else old for new, old in zip(_fields(found), _fields(was), strict=True))
+                    )
                 return body
         return None

@@ -3,7 +3,9 @@
 Shapes follow SGLang 0.5.23: ``entrypoints/http_server.py`` (``/health``, ``/server_info``,
 ``/model_info``, ``/v1/models``), ``entrypoints/v1_loads.py`` with ``managers/load_snapshot.py``
 (``/v1/loads``) and ``observability/metrics_collector.py`` (``/metrics``). The generation
-endpoints are in ``maitred.sim.worker.generation``.
+endpoints are in ``maitred.sim.worker.generation`` (OpenAI chat and completions, ``/generate``),
+``maitred.sim.worker.anthropic`` (``/v1/messages``) and ``maitred.sim.worker.responses``
+(``/v1/responses``).
 """
 
 from collections.abc import AsyncIterator
@@ -14,7 +16,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from maitred.sim.worker import generation
+from maitred.sim.worker import anthropic, generation, responses
 from maitred.sim.worker.config import SimWorkerConfig
 from maitred.sim.worker.metrics import loads_entry, metrics_text
 from maitred.sim.worker.state import CONTEXT_LENGTH, SimWorker
@@ -52,6 +54,9 @@ def create_app(config: SimWorkerConfig) -> FastAPI:
     app.add_api_route("/generate", generation.generate, methods=["POST", "PUT"])
     app.add_api_route("/v1/completions", generation.completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", generation.chat, methods=["POST"])
+    app.add_api_route("/v1/messages", anthropic.messages, methods=["POST"])
+    app.add_api_route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"])
+    app.add_api_route("/v1/responses", responses.responses, methods=["POST"])
     for path in ("/v1/tokenize", "/tokenize"):
         app.add_api_route(path, generation.tokenize_request, methods=["POST"])
     return app

@@ -166,6 +166,11 @@ def _sse(payload: Any) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
+def named_sse(event: str, payload: Any) -> bytes:
+    """An event with its name, as Anthropic's and the Responses API's streams send each one."""
+    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
 async def _progress(engine: RealtimeEngine, ticket: Ticket) -> AsyncGenerator[int, None]:
     """Yields the number of output tokens generated so far each time it grows (once, at the end,
     for a request with no output), until the request is done. A stream closed early (the client
@@ -189,15 +194,21 @@ async def _progress(engine: RealtimeEngine, ticket: Ticket) -> AsyncGenerator[in
             engine.abort(ticket)
 
 
-async def _guarded(sim: SimWorker, chunks: AsyncGenerator[bytes, None]) -> AsyncGenerator[bytes, None]:
-    """A stream whose engine fails ends with SGLang's error chunk, not a cut connection."""
+async def _guarded(
+    sim: SimWorker, chunks: AsyncGenerator[bytes, None], failed: Callable[[str], bytes] | None = None
+) -> AsyncGenerator[bytes, None]:
+    """A stream whose engine fails ends with SGLang's error event (``failed`` makes it from the
+    failure's message, for APIs whose streams end otherwise), not a cut connection."""
     async with aclosing(chunks):
         try:
             async for chunk in chunks:
                 yield chunk
         except EngineFailed:
-            yield _sse(_failure(sim))
-            yield DONE
+            if failed is not None:
+                yield failed(str(sim.engine.failure))
+            else:
+                yield _sse(_failure(sim))
+                yield DONE
 
 
 def _words_until(reply: Reply, generated: int) -> list[str]:

@@ -53,12 +53,15 @@ def chat_reply(
 
 
 def _steps_since_user(messages: list[Any]) -> int:
+    """Tool-calling steps since the last user turn. A user message right after tool results is
+    not a new turn: an Anthropic user message that carries tool results and text (Claude Code
+    adds reminders) becomes tool messages followed by that text as a user message."""
     steps = 0
-    for message in reversed(messages):
-        role = message.get("role")
-        if role == "user":
+    for i in range(len(messages) - 1, -1, -1):
+        role = messages[i].get("role")
+        if role == "user" and (i == 0 or messages[i - 1].get("role") != "tool"):
             break
-        if role == "assistant" and message.get("tool_calls"):
+        if role == "assistant" and messages[i].get("tool_calls"):
             steps += 1
     return steps
 

@@ -1,14 +1,16 @@
 """``maitred sim-worker``: a simulated SGLang server, a test and demo double — never a model.
 
-It speaks the subset of SGLang 0.5.23's HTTP API that maitred and ``sglang-router`` use
-(``/v1/chat/completions``, ``/v1/completions``, ``/generate`` including prefill-only
+It speaks the subset of SGLang 0.5.23's HTTP API that maitred, ``sglang-router`` and agent
+clients use (``/v1/chat/completions``, ``/v1/completions``, Anthropic's ``/v1/messages`` and
+``/v1/messages/count_tokens``, ``/v1/responses``, ``/generate`` including prefill-only
 ``max_new_tokens: 0``, ``/health``, ``/server_info``, ``/model_info``, ``/v1/models``,
 ``/v1/loads``, ``/metrics``) with SGLang's shapes, and answers with filler words. Timing, cache
 hits, eviction and host offload come from the simulator's engine model
 (``maitred.sim.engine``) run in real time × ``--time-scale``, so the gateway, the
 integrations and the demo run end to end on a machine without a GPU. With ``--script-tools``
-a chat request that offers ``tools`` gets deterministic tool calls for a few steps and then a
-final answer, so agent frameworks can run their loops through it.
+a request that offers ``tools`` (chat, Anthropic ``tool_use`` blocks, Responses
+``function_call`` items) gets deterministic tool calls for a few steps and then a final answer,
+so agent frameworks and Claude Code can run their loops through it.
 
 This module runs one: ``SimWorkerThread`` and the command line. It imports nothing heavy at
 import time (the ``maitred`` command builds every subcommand's parser on every call), so the app
@@ -120,7 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--script-tools",
         action="store_true",
-        help="answer chat requests that offer tools with deterministic tool calls, then a final message",
+        help="answer requests that offer tools (chat, Anthropic messages, responses) with deterministic tool calls, then a final message",
     )
     parser.add_argument(
         "--script-steps",
