@@ -447,3 +447,23 @@ def test_a_missing_postgresql_database_is_named(db_url):
     url = missing.render_as_string(hide_password=False)
     with pytest.raises(NoSuchDatabase, match=f"^no such database: {re.escape(missing.render_as_string())}$"):
         SessionStore(url, create=False)
+
+
+def test_a_tool_end_stamped_before_its_start_moves_the_start_back_by_its_duration(store):
+    """Hook processes race: a fast call's end can be stamped before its start. The end's
+    duration is the agent's own measure, so the start is placed by it, in one batch or two."""
+    store.write([ToolEnd(ts=100.0, program_id="p", call_id="fast", status="ok", duration_s=0.004)])
+    store.write([ToolStart(ts=100.05, program_id="p", call_id="fast", tool="Read")])
+    store.write(
+        [
+            ToolEnd(ts=200.0, program_id="p", call_id="nodur", status="ok"),
+            ToolStart(ts=200.5, program_id="p", call_id="nodur", tool="Read"),
+            ToolStart(ts=300.0, program_id="p", call_id="normal", tool="Bash"),
+            ToolEnd(ts=301.0, program_id="p", call_id="normal", status="ok", duration_s=0.9),
+        ]
+    )
+    timeline = store.program("p")
+    spans = {s.detail["call_id"]: (s.start, s.end) for s in timeline.spans if s.kind == "tool"}
+    assert spans["fast"] == (100.0 - 0.004, 100.0)
+    assert spans["nodur"] == (200.0, 200.0)
+    assert spans["normal"] == (300.0, 301.0)  # a start before the end less the duration stays

@@ -11,6 +11,11 @@ from typing import Any
 
 from maitred.gateway.guard import HTTPProblem
 
+#: Roles of Messages API messages. ``system`` among them: Claude Code 2.1.3xx sends system
+#: messages mid-conversation (``anthropic-beta: per-turn-control-2026-07-01``); the worker decides
+#: whether it serves them.
+MESSAGE_ROLES = ("user", "assistant", "system")
+
 
 def check_anthropic_body(body: dict[str, Any], *, counting: bool) -> None:
     """Raise ``HTTPProblem`` (400) naming the first required field that is missing or wrong."""
@@ -21,8 +26,8 @@ def check_anthropic_body(body: dict[str, Any], *, counting: bool) -> None:
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise HTTPProblem(400, "messages: expected a non-empty list of message objects", field="messages")
     for i, message in enumerate(messages):
-        if message.get("role") not in ("user", "assistant"):
-            raise HTTPProblem(400, f"messages[{i}].role: expected 'user' or 'assistant'", field=f"messages[{i}].role")
+        if message.get("role") not in MESSAGE_ROLES:
+            raise HTTPProblem(400, f"messages[{i}].role: expected 'user', 'assistant' or 'system'", field=f"messages[{i}].role")
         if not isinstance(message.get("content"), str | list):
             raise HTTPProblem(
                 400, f"messages[{i}].content: expected a string or a list of content blocks", field=f"messages[{i}].content"

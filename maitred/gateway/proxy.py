@@ -173,6 +173,8 @@ class Proxy:
         if route.anthropic:
             check_anthropic_body(body, counting=not route.generates)
         program_id, changed = take_program_id(body, request.headers)
+        if program_id is not None:  # a subagent names its parent's session: the one running child's
+            program_id = self.runtime.state.speaker(program_id)
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise HTTPProblem(400, f"stream: expected true or false, got {stream!r}", field="stream")

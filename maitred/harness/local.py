@@ -10,6 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from maitred.sim.worker.session_script import SessionScript
 
 __all__ = ["LocalCluster", "local_cluster"]
 
@@ -31,10 +35,12 @@ def local_cluster(
     worker_ports: list[int] | None = None,
     time_scale: float = 20.0,
     overcommit_headroom: float | None = None,
+    script: SessionScript | None = None,
 ) -> Iterator[LocalCluster]:
     """Start ``workers`` simulated workers and a gateway in front of them (background threads,
     real sockets on 127.0.0.1); stop them on exit. ``db_url``: where the gateway persists events.
-    ``overcommit_headroom``: the gateway's (``maitred serve --overcommit-headroom``), else its default."""
+    ``overcommit_headroom``: the gateway's (``maitred serve --overcommit-headroom``), else its default.
+    ``script``: the workers answer scripted sessions (``maitred sim-worker --script``)."""
     from maitred.gateway.app import ServeConfig, build_app
     from maitred.gateway.loop import LiveConfig
     from maitred.harness.background import BackgroundServer
@@ -49,7 +55,9 @@ def local_cluster(
         sims = [
             stack.enter_context(
                 BackgroundServer(
-                    create_app(SimWorkerConfig(gpu_tokens=gpu_tokens, time_scale=time_scale, script_tools=script_tools)),
+                    create_app(
+                        SimWorkerConfig(gpu_tokens=gpu_tokens, time_scale=time_scale, script_tools=script_tools, script=script)
+                    ),
                     port=port,
                 )
             )

@@ -411,7 +411,10 @@ def handle_payload(payload: Mapping[str, Any], now: float | None = None) -> int:
     return len(events)
 
 
-if __name__ == "__main__":  # ``python -m maitred.integrations.claude_code``: the command hook
-    from maitred.integrations.claude_code_hook import main
+if __name__ == "__main__":
+    # Settings written before the hook had its own module run ``python -m
+    # maitred.integrations.claude_code``: they keep working. Imported by name at run time, as the
+    # hook module imports this one (no import cycle between them).
+    import importlib
 
-    sys.exit(main())
+    sys.exit(importlib.import_module("maitred.integrations.claude_code_hook").main())

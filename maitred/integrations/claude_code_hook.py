@@ -75,7 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--print-settings",
         action="store_true",
-        help="print Claude Code settings (hooks for every event) that run this hook with this Python, and exit",
+        help="print Claude Code settings (hooks for every event) that run this hook with this Python, and exit; "
+        "with --runtime-url, http hooks to that gateway (SessionStart stays a command hook: Claude Code refuses http there)",
     )
     # The deliverer the hook starts (internal).
     parser.add_argument("--deliver", action="store_true", help=argparse.SUPPRESS)
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     at = time.time()
     try:
         if args.print_settings:
-            sys.stdout.write(settings_json())
+            sys.stdout.write(settings_json(http=args.runtime_url))
         elif args.deliver:
             os.nice(10)  # background delivery: the agent and its tools go first
             _deliver(_destination(args), args.timeout, foreground=False)
@@ -147,7 +148,7 @@ def _start_deliverer(destination: Destination, timeout: float, spool: Spool) -> 
     output pipes until it is first scheduled; ``subprocess`` uses vfork and waits only for the exec."""
     import subprocess
 
-    argv = [sys.executable, "-m", "maitred.integrations.claude_code", "--deliver", "--timeout", str(timeout)]
+    argv = [sys.executable, "-m", "maitred.integrations.claude_code_hook", "--deliver", "--timeout", str(timeout)]
     if destination.url:
         argv += ["--runtime-url", destination.url]
     if destination.db:
@@ -279,19 +280,38 @@ class _Sender:
 _TOOL_EVENTS = ("PreToolUse", "PostToolUse", "PostToolUseFailure")
 
 
-def settings_json(command: str | None = None) -> str:
-    """Claude Code settings registering the hook for every event maitred maps. ``command`` runs
-    the hook; by default this interpreter's ``-m maitred.integrations.claude_code``, so the
-    settings work from a virtual environment without ``maitred`` on PATH."""
+def settings_json(command: str | None = None, *, http: str | None = None) -> str:
+    """Claude Code settings registering maitred for every hook event it maps.
+
+    Command hooks by default: ``command`` runs the hook (default: this interpreter's ``-m
+    maitred.integrations.claude_code_hook``, so the settings work from a virtual environment
+    without ``maitred`` on PATH). With ``http`` (a gateway's base URL), http hooks post to its
+    ``/v1/hooks/claude-code`` with ``$MAITRED_TOKEN``, except ``SessionStart``: Claude Code
+    refuses http hooks there ("HTTP hooks are not supported for SessionStart"), so that one is a
+    command hook sending to the same gateway, or the session would have no start."""
     from maitred.integrations.claude_code import HOOK_EVENTS
 
-    runs = command or f"{shlex.quote(sys.executable)} -m maitred.integrations.claude_code"
+    runs = command or f"{shlex.quote(sys.executable)} -m maitred.integrations.claude_code_hook"
     # Claude Code runs the command through a shell and sends SIGTERM to async hooks still
     # running when a headless turn ends, often before the interpreter is up: an ignored SIGTERM
     # survives ``exec``, so the hook is safe from its first instruction, not from its first line.
-    hook = {"type": "command", "command": f"trap '' TERM; exec {runs}", "async": True, "timeout": 30}
+    if http is not None:
+        runs += f" --runtime-url {shlex.quote(http)}"
+    command_hook = {"type": "command", "command": f"trap '' TERM; exec {runs}", "async": True, "timeout": 30}
+    http_hook = {
+        "type": "http",
+        "url": f"{(http or '').rstrip('/')}/v1/hooks/claude-code",
+        "timeout": 5,
+        "headers": {"Authorization": "Bearer $MAITRED_TOKEN"},
+        "allowedEnvVars": ["MAITRED_TOKEN"],
+    }
+
+    def hook(name: str) -> dict[str, Any]:
+        return command_hook if http is None or name == "SessionStart" else http_hook
+
     hooks = {
-        name: [{"matcher": "*", "hooks": [hook]} if name in _TOOL_EVENTS else {"hooks": [hook]}] for name in HOOK_EVENTS
+        name: [{"matcher": "*", "hooks": [hook(name)]} if name in _TOOL_EVENTS else {"hooks": [hook(name)]}]
+        for name in HOOK_EVENTS
     }
     return json.dumps({"hooks": hooks}, indent=2) + "\n"
 
@@ -300,3 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=_PROG, description="Record one Claude Code hook payload (read on stdin) in maitred.")
     add_arguments(parser)
     return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -226,7 +226,7 @@ class SessionStore:
             self._upsert(conn, _TABLES["programs"], ["program_id"], list(folded.programs.values()))
             self._reopen(conn, folded)
             self._upsert(conn, _TABLES["tool_calls"], ["program_id", "call_id"], list(folded.tool_calls.values()))
-            self._place_starts(conn, [k for k, row in folded.tool_calls.items() if row["ended_at"] is not None])
+            self._place_starts(conn, [k for k, row in folded.tool_calls.items() if row["ended_at"] or row["started_at"]])
             self._upsert(conn, _TABLES["llm_calls"], ["program_id", "request_id"], list(folded.llm_calls.values()))
             if folded.handoffs:
                 conn.execute(

@@ -219,7 +219,7 @@ def hook(payload: bytes | str, *args: str, env: dict[str, str]) -> subprocess.Co
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MAITRED_")}
     data = payload if isinstance(payload, str) else payload.decode()
     return subprocess.run(
-        [sys.executable, "-m", "maitred.integrations.claude_code", *args],
+        [sys.executable, "-m", "maitred.integrations.claude_code_hook", *args],
         input=data,
         capture_output=True,
         text=True,
@@ -284,7 +284,7 @@ def test_the_default_store_is_per_user_not_in_the_project_folder(tmp_path, spool
     state = tmp_path / "state"
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MAITRED_")}
     done = subprocess.run(
-        [sys.executable, "-m", "maitred.integrations.claude_code", "--foreground"],
+        [sys.executable, "-m", "maitred.integrations.claude_code_hook", "--foreground"],
         input=json.dumps(session_payloads()[2]),
         capture_output=True,
         text=True,
@@ -333,6 +333,10 @@ def test_printed_settings_run_this_interpreter_and_match_the_example():
     assert command.startswith("trap '' TERM; exec ") and sys.executable in command
     example = (Path(__file__).parents[2] / "examples" / "claude_code" / "settings.json").read_text()
     assert example == settings_json("maitred hook claude-code")
+    http = json.loads((Path(__file__).parents[2] / "examples" / "claude_code" / "settings.http.json").read_text())
+    assert http == json.loads(settings_json("maitred hook claude-code", http="http://127.0.0.1:8000"))
+    kinds = {name: groups[0]["hooks"][0]["type"] for name, groups in http["hooks"].items()}
+    assert kinds.pop("SessionStart") == "command" and set(kinds.values()) == {"http"}
 
 
 @pytest.mark.parametrize(

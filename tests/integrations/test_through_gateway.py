@@ -131,20 +131,20 @@ def test_claude_code_http_hook_payloads_drive_the_runtime(cluster):
     }
 
 
-def test_claude_code_command_hook_reaches_the_running_runtime(cluster):
+def test_claude_code_command_hook_reaches_the_running_runtime(cluster, tmp_path):
     c = cluster()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAITRED_")}
     payload = json.loads((FIXTURES / "session.jsonl").read_text().splitlines()[2])
     done = subprocess.run(
-        [sys.executable, "-m", "maitred.integrations.claude_code"],
+        [sys.executable, "-m", "maitred.integrations.claude_code"],  # the entry point older settings name
         input=json.dumps(payload),
         capture_output=True,
         text=True,
         timeout=60,
-        env={**env, "MAITRED_URL": c.url},
+        env={**env, "MAITRED_URL": c.url, "MAITRED_SPOOL_DIR": str(tmp_path / "spool"), "MAITRED_HOOK_LINGER_S": "0.5"},
     )
     assert (done.returncode, done.stderr) == (0, "")
-    info = c.program(SESSION)
+    info = until(lambda: c.program(SESSION), what="the hook's events in the runtime")
     assert info["tool"] == {
         "call_id": "toolu_01Bash1",
         "tool": "Bash",

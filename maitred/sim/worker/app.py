@@ -200,6 +200,7 @@ def server_info_body(sim: SimWorker) -> dict[str, Any]:
             "host_tokens": cpu,
             "profile": sim.profile.name,
             "script_tools": c.script_tools,
+            "script": sorted(c.script.turns) if c.script is not None else None,
             "note": NOTE,
         },
     }

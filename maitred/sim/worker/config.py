@@ -8,6 +8,10 @@ A plain, validated value that imports nothing of the server: the command line
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from maitred.sim.worker.session_script import SessionScript
 
 #: A local model folder with a small word-level tokenizer.json, so sglang-router can load the
 #: worker's tokenizer without contacting a model hub.
@@ -29,6 +33,7 @@ class SimWorkerConfig:
     time_scale: float = 1.0
     script_tools: bool = False
     script_steps: int = 3
+    script: "SessionScript | None" = None  # --script: whole sessions answered from a file
     profile: str | None = None
     model_path: str = str(MODEL_DIR)
     served_model_name: str = SERVED_MODEL_NAME

@@ -51,9 +51,11 @@ def _text_of(blocks: Any, where: str) -> str:
 
 
 def _anthropic_message(message: Any, where: str) -> list[dict[str, Any]]:
-    if not isinstance(message, Mapping) or message.get("role") not in ("user", "assistant"):
-        raise PromptError(f"{where}.role: expected 'user' or 'assistant'")
+    if not isinstance(message, Mapping) or message.get("role") not in ("user", "assistant", "system"):
+        raise PromptError(f"{where}.role: expected 'user', 'assistant' or 'system'")
     role, content = message["role"], message.get("content")
+    if role == "system":  # a system message mid-conversation (Claude Code's per-turn control beta)
+        return [{"role": "system", "content": _text_of(content, f"{where}.content")}]
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):

@@ -375,7 +375,10 @@ def _parse_chat(sim: SimWorker, body: dict[str, Any]) -> tuple[Prompt, Reply, bo
     _check_single(body)
     prompt = render_chat(body.get("messages"), body.get("tools"))
     max_tokens = _int_field(body, "max_completion_tokens", 1) or _int_field(body, "max_tokens", 1)
-    reply = chat_reply(body, prompt, max_tokens, script_tools=sim.config.script_tools, script_steps=sim.config.script_steps)
+    config = sim.config
+    reply = chat_reply(
+        body, prompt, max_tokens, script_tools=config.script_tools, script_steps=config.script_steps, script=config.script
+    )
     _check_fits(sim, prompt, len(reply.output_ids), "messages")
     return prompt, reply, _stream_flag(body)
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from maitred.sim.worker.session_script import SessionScript, reply_parts
 from maitred.sim.worker.tokens import IM_END, Prompt, PromptError, message_body, seq_seed, tokenize, words
 
 DEFAULT_CHAT_TOKENS = 16
@@ -41,8 +42,18 @@ def text_reply(prompt: Prompt, max_tokens: int) -> Reply:
 
 
 def chat_reply(
-    body: Mapping[str, Any], prompt: Prompt, max_tokens: int | None, *, script_tools: bool, script_steps: int
+    body: Mapping[str, Any],
+    prompt: Prompt,
+    max_tokens: int | None,
+    *,
+    script_tools: bool,
+    script_steps: int,
+    script: SessionScript | None = None,
 ) -> Reply:
+    if script is not None:
+        found = script.answer(body.get("messages") or [])
+        if found is not None:
+            return Reply(*reply_parts(*found))
     tools = body.get("tools")
     if script_tools and tools:
         return _scripted(body, tools, prompt, script_steps)

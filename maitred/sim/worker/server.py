@@ -131,6 +131,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tool-calling steps before the final message (default: 3)",
     )
     parser.add_argument(
+        "--script",
+        metavar="FILE",
+        default=None,
+        help="answer conversations that name a script (SCRIPT:<name> in their first user message) from this JSON "
+        "file: exact tool calls, then a final text, so a real agent CLI runs a known session",
+    )
+    parser.add_argument(
         "--profile",
         help="engine profile: a JSON file (maitred calibrate writes one) or a built-in name (h100-7b, h200-7b, b200x2-70b)",
     )
@@ -165,12 +172,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> SimWorkerConfig:
+    from maitred.sim.worker.session_script import load_script  # its tokenizer loads with the app
+
     return SimWorkerConfig(
         gpu_tokens=args.gpu_tokens,
         cpu_tokens=args.cpu_tokens,
         time_scale=args.time_scale,
         script_tools=args.script_tools,
         script_steps=args.script_steps,
+        script=load_script(args.script) if args.script else None,
         profile=args.profile,
         model_path=args.model_path,
         served_model_name=args.served_model_name,
