@@ -42,10 +42,28 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["ID_SOURCES", "PROGRAM_HEADER", "IdSource", "claude_code_session", "header_names"]
+__all__ = [
+    "CLAUDE_CODE_AGENT_HEADER",
+    "ID_SOURCES",
+    "PROGRAM_HEADER",
+    "IdSource",
+    "claude_code_child",
+    "claude_code_session",
+    "client_program_id",
+    "header_names",
+]
 
 #: maitred's own header, the one its integrations send (with the body's ``program_id``).
 PROGRAM_HEADER = "x-program-id"
+#: Claude Code (2.1.3xx) names the subagent a model request comes from in this header, beside
+#: its session's ``x-claude-code-session-id``; the value is the hooks' ``agent_id``.
+CLAUDE_CODE_AGENT_HEADER = "x-claude-code-agent-id"
+
+
+def claude_code_child(session_id: str, agent_id: str) -> str:
+    """The program id of a Claude Code subagent: the hooks (``agent_id`` on every hook fired in
+    it) and the model requests (``CLAUDE_CODE_AGENT_HEADER``) both name it, so no state pairs them."""
+    return f"{session_id}/agent-{agent_id}"
 
 
 def claude_code_session(user_id: Any) -> str | None:
@@ -118,6 +136,24 @@ ID_SOURCES: tuple[IdSource, ...] = (
     IdSource("sglang-gateway", "header", ("x-smg-routing-key",)),
     IdSource("dynamo", "header", ("x-dynamo-session-id",)),
 )
+
+
+def client_program_id(body: Mapping[str, Any], headers: Mapping[str, str]) -> tuple[Any, IdSource] | None:
+    """The first id a client sent (maitred's own body fields aside: the caller reads and strips
+    those first) and where it was found; the value is unchecked, the caller validates it. A
+    Claude Code request that also names its subagent (``CLAUDE_CODE_AGENT_HEADER``) is the
+    subagent's: its session's child program."""
+    for source in ID_SOURCES:
+        if source.strip:
+            continue
+        value = source.read(body, headers)
+        if value is None:
+            continue
+        agent = headers.get(CLAUDE_CODE_AGENT_HEADER) if source.client == "claude-code" else None
+        if isinstance(value, str) and isinstance(agent, str) and agent:
+            value = claude_code_child(value, agent)
+        return value, source
+    return None
 
 
 def header_names() -> tuple[str, ...]:

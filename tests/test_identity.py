@@ -9,7 +9,8 @@ from starlette.datastructures import Headers
 from maitred.events import PROGRAM_ID_HEADERS
 from maitred.gateway.guard import HTTPProblem
 from maitred.gateway.programid import take_program_id
-from maitred.identity import ID_SOURCES, claude_code_session
+from maitred.identity import CLAUDE_CODE_AGENT_HEADER, ID_SOURCES, claude_code_session
+from maitred.integrations.claude_code import child_program_id
 
 SESSION = "54c1eb09-bc4c-4d2f-98eb-6d2ab2d5e2fe"
 
@@ -143,3 +144,14 @@ def test_the_header_list_of_events_is_the_identity_list():
     assert PROGRAM_ID_HEADERS[0] == "x-program-id"
     assert PROGRAM_ID_HEADERS == tuple(s.path[0] for s in ID_SOURCES if s.where == "header")
     assert all(name == name.lower() for name in PROGRAM_ID_HEADERS)
+
+
+def test_a_claude_code_subagents_request_is_its_child_program():
+    """Claude Code 2.1.3xx names the subagent beside the session (``x-claude-code-agent-id``,
+    the hooks' ``agent_id``): the request is the child's, the program the hooks name."""
+    headers = {"x-claude-code-session-id": "sess-1", CLAUDE_CODE_AGENT_HEADER: "a83733fd361dac0fc"}
+    assert take_program_id({}, headers) == (child_program_id("sess-1", "a83733fd361dac0fc"), False)
+    assert take_program_id({}, {"x-claude-code-session-id": "sess-1"}) == ("sess-1", False)
+    # maitred's own id wins, and another client's id is not turned into a Claude Code child
+    assert take_program_id({}, {**headers, "x-program-id": "mine"})[0] == "mine"
+    assert take_program_id({}, {"x-litellm-session-id": "l", CLAUDE_CODE_AGENT_HEADER: "a1"})[0] == "l"

@@ -16,7 +16,7 @@ from typing import Any
 
 from maitred.events import MAX_ID_LENGTH
 from maitred.gateway.guard import HTTPProblem
-from maitred.identity import ID_SOURCES, IdSource
+from maitred.identity import ID_SOURCES, IdSource, client_program_id
 
 _OWN = tuple(s for s in ID_SOURCES if s.strip)
 
@@ -54,10 +54,7 @@ def take_program_id(body: dict[str, Any], headers: Mapping[str, str]) -> tuple[s
             checked = _valid(value, source.field)
             found = found or checked
     if found is None:
-        for source in ID_SOURCES:
-            if source.strip:
-                continue
-            value = source.read(body, headers)
-            if value is not None:
-                return _valid(value, source.field), changed
+        sent = client_program_id(body, headers)
+        if sent is not None:
+            return _valid(sent[0], sent[1].field), changed
     return found, changed

@@ -51,10 +51,13 @@ payload maps on its own and the pairing lives in the events themselves:
   ``UserPromptSubmit`` whose prompt is a ``<task-notification>``, which resumes the parent.
   Either way ``tool_response.agentId`` names the child of each ``Agent`` call.
 - Model requests of a subagent carry the *parent's* session id (``x-claude-code-session-id``
-  and ``metadata.user_id``). The runtime gives such a request to the child when that is
-  unambiguous: exactly one child runs and the parent is blocked on a tool call or waiting
-  (``RuntimeState.speaker``). With parallel subagents, or a background child while the parent
-  itself works, nothing on the wire tells them apart and the request stays on the parent.
+  and ``metadata.user_id``). Claude Code 2.1.3xx also sends ``x-claude-code-agent-id`` (the
+  hooks' ``agent_id``), so the gateway puts them on the child exactly
+  (``maitred.identity.client_program_id``). Without that header (older versions, or a proxy
+  that drops it) the runtime gives such a request to the child only when that is unambiguous:
+  exactly one child runs and the parent is blocked on a tool call or waiting
+  (``RuntimeState.speaker``); with parallel subagents, or a background child while the parent
+  itself works, nothing tells them apart and the request stays on the parent.
 - Timestamps: payloads carry none, so an event is stamped when its hook process starts, and
   async hook processes race: a fast call's end can be stamped before its start. The end's
   ``duration_ms`` is exact, and the store places the start by it (an end never precedes its
@@ -72,6 +75,8 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
+
+from maitred.identity import claude_code_child as child_program_id
 
 if TYPE_CHECKING:
     from maitred.events import Event
@@ -108,11 +113,6 @@ class HookPayloadError(ValueError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.reason = message
-
-
-def child_program_id(session_id: str, agent_id: str) -> str:
-    """The program id of a subagent: stable across hooks, so no state is needed to pair them."""
-    return f"{session_id}/agent-{agent_id}"
 
 
 # -- reading the payload --------------------------------------------------------------------

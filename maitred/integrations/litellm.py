@@ -52,7 +52,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from litellm.integrations.custom_logger import CustomLogger
 
-from maitred.events import PROGRAM_ID_HEADERS, LLMEnd
+from maitred.events import LLMEnd
+from maitred.identity import client_program_id
 from maitred.middleware.config import emit
 
 __all__ = ["MaitredLogger", "llm_end_of", "maitred_logger", "normalize_base", "program_id_of"]
@@ -99,8 +100,9 @@ def _proxy_metadata(data: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def program_id_of(data: Mapping[str, Any]) -> str | None:
     """The program a proxied request belongs to: body ``program_id``, ``metadata.program_id``,
-    then the requester's headers (the proxy keeps them in its metadata, ``headers``). The one
-    place the callback reads a program id, on every route."""
+    then the ids clients already send (``maitred.identity``: the requester's headers, which the
+    proxy keeps in its metadata, and body fields such as Claude Code's ``metadata.user_id``).
+    The one place the callback reads a program id, on every route."""
     metadata = _proxy_metadata(data) or {}
     for value in (
         data.get("program_id"),
@@ -111,11 +113,8 @@ def program_id_of(data: Mapping[str, Any]) -> str | None:
         if isinstance(value, str) and value:
             return value
     headers = {str(k).lower(): v for k, v in (metadata.get("headers") or {}).items()}
-    for name in PROGRAM_ID_HEADERS:
-        value = headers.get(name)
-        if isinstance(value, str) and value:
-            return value
-    return None
+    sent = client_program_id(data, headers)  # the ids clients already send (maitred.identity)
+    return sent[0] if sent is not None and isinstance(sent[0], str) and sent[0] else None
 
 
 def _cached_tokens(usage: Any) -> int | None:

@@ -295,12 +295,13 @@ class RuntimeState:
         self._children.pop(program_id, None)
 
     def speaker(self, program_id: str) -> str:
-        """The program a model request naming ``program_id`` comes from. Claude Code's subagents
-        send their parent's session id, so a request naming a parent is its one running child's
-        when the parent cannot be asking itself: it is blocked on a tool call (a foreground
-        subagent's ``Agent`` call) or waiting (on a person, or on its background work). With
-        two children running, or a parent between its own steps, it is not knowable: the
-        request stays the parent's."""
+        """The program a model request naming ``program_id`` comes from, for clients that do
+        not say which subagent asks (Claude Code before ``x-claude-code-agent-id``, or behind a
+        proxy that drops it). Such subagents send their parent's session id, so a request
+        naming a parent is its one running child's when the parent cannot be asking itself: it
+        is blocked on a tool call (a foreground subagent's ``Agent`` call) or waiting (on a
+        person, or on its background work). With two children running, or a parent between its
+        own steps, it is not knowable: the request stays the parent's."""
         children = self._children.get(program_id)
         if not children:
             return program_id

@@ -1,4 +1,6 @@
-"""The real Claude Code CLI for the tests: installed from npm into a cache folder, run headless.
+"""The real Claude Code CLI for the tests: installed from npm into a cache folder, run headless,
+and one scripted session (``SCRIPT``, for ``maitred sim-worker --script``) with what its hooks
+must leave in the store (``check_session``).
 
 ``python -m tests.integrations.claude_cli`` installs it (``.ci/run`` does, so CI runs the tests
 that need it); ``claude_binary()`` finds it, installing it first when npm is there. Sessions run
@@ -18,6 +20,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from maitred.integrations.claude_code import child_program_id
+from maitred.sim.worker.session_script import parse_script
+from maitred.storage import SessionStore
+from tests.helpers import wait_until
 
 #: The CLI version the tests are written against (``npm view @anthropic-ai/claude-code``).
 CLAUDE_CODE_VERSION = "2.1.332"
@@ -110,6 +117,117 @@ def run_session(
     except ValueError:
         result = {"unparsed": done.stdout[-2000:]}
     return Session(done.returncode, result, done.stderr)
+
+
+# -- one scripted session, and what its hooks must leave in the store -------------------------
+
+
+def bash(command: str, **extra: Any) -> list[dict[str, Any]]:
+    return [{"name": "Bash", "input": {"command": command, "description": command, **extra}}]
+
+
+def subagent(script: str, *, background: bool) -> list[dict[str, Any]]:
+    task = {"description": f"run {script}", "prompt": f"SCRIPT:{script} go", "subagent_type": "general-purpose"}
+    return [{"name": "Agent", "input": {**task, "run_in_background": background}}]
+
+
+#: The session, as ``maitred sim-worker --script FILE`` reads it.
+SCRIPT_TURNS: dict[str, list[Any]] = {
+    "main": [
+        bash("sleep 1"),
+        bash("exit 3"),
+        bash("sleep 5", timeout=1000),
+        [{"name": "Read", "input": {"file_path": "/etc/hostname"}}],
+        subagent("fg", background=False),
+        subagent("bg", background=True),
+        "main done",
+    ],
+    "fg": [bash("sleep 0.5"), "fg done"],
+    "bg": [bash("sleep 2"), "bg done"],
+}
+SCRIPT = parse_script(SCRIPT_TURNS)
+SLEEPS = {"sleep 1": 1.0, "sleep 0.5": 0.5, "sleep 2": 2.0}
+
+
+def command_hooks(tmp_path: Path, **env: str) -> dict[str, str]:
+    return {"MAITRED_SPOOL_DIR": str(tmp_path / "spool"), "MAITRED_HOOK_LINGER_S": "2", **env}
+
+
+def run(
+    binary: Path, tmp_path: Path, name: str, base_url: str, settings: dict[str, Any], env: dict[str, str], *extra: str
+) -> Session:
+    """One headless run of the scripted session; it must end without an error."""
+    session = run_session(
+        binary, tmp_path / name, "SCRIPT:main start", base_url=base_url, settings=settings, env=env, extra_args=extra
+    )
+    assert session.returncode == 0, (session.result, session.stderr[-2000:])
+    assert session.result.get("is_error") is False, session.result
+    return session
+
+
+def stored(db_url: str, session_id: str, *, want: int) -> list[dict[str, Any]]:
+    """The session's events (its children's included) once ``want`` have been stored."""
+    found: list[dict[str, Any]] = []
+
+    def enough() -> bool:
+        nonlocal found
+        try:
+            with SessionStore(db_url) as store:
+                found = [e for e in store.events() if e["program_id"].startswith(session_id)]
+        except Exception:  # the deliverer may still be creating the schema
+            return False
+        return sum(1 for e in found if not e["type"].startswith("llm.")) >= want
+
+    wait_until(enough, timeout=60, interval=0.25)
+    return found
+
+
+#: What one scripted session's hooks fire, as (event type, program: main/fg/bg), in no set order.
+EXPECTED = sorted(
+    [("program.start", "main"), ("program.resume", "main"), ("program.resume", "main")]
+    + [("tool.start", "main"), ("tool.end", "main")] * 6
+    + [("program.start", c) for c in ("fg", "bg")]
+    + [("handoff", "main")] * 4
+    + [("tool.start", c) for c in ("fg", "bg")]
+    + [("tool.end", c) for c in ("fg", "bg")]
+    + [("program.end", c) for c in ("fg", "bg")]
+    + [("program.wait", "main"), ("program.wait", "main"), ("program.end", "main")]
+)
+
+
+def check_session(db_url: str, session: Session) -> None:
+    """Every event of the scripted session is stored, with the facts the tests promise."""
+    sid = session.session_id
+    events = [e for e in stored(db_url, sid, want=len(EXPECTED)) if not e["type"].startswith("llm.")]  # the hooks' own
+    starts = {e["call_id"]: e for e in events if e["type"] == "tool.start"}
+    ends = {e["call_id"]: e for e in events if e["type"] == "tool.end"}
+    assert len(starts) == len(ends) == 8 and set(starts) == set(ends)
+    children = {e["program_id"] for e in events if e["program_id"] != sid}
+    assert len(children) == 2 and all(c.startswith(child_program_id(sid, "")) for c in children)
+    # Which child ran which script: the foreground one slept 0.5 s, the background one 2 s.
+    script_of = {e["program_id"]: "fg" if e["duration_s"] < 1.5 else "bg" for e in ends.values() if e["program_id"] in children}
+    got = sorted((e["type"], "main" if e["program_id"] == sid else script_of[e["program_id"]]) for e in events)
+    assert got == EXPECTED
+    waits = sorted(e["reason"] for e in events if e["type"] == "program.wait")
+    assert waits == ["background", "human"]  # Stop while the bg child runs, then the last Stop
+    statuses = sorted(e["status"] for e in ends.values())
+    assert statuses == ["error", "ok", "ok", "ok", "ok", "ok", "ok", "timeout"]
+    [timed_out] = [c for c, e in ends.items() if e["status"] == "timeout"]
+    assert (starts[timed_out]["tool"], starts[timed_out]["deadline_s"]) == ("Bash", 1.0)
+    for call_id, end in ends.items():
+        command = ((starts[call_id].get("signature") or ""), end["duration_s"])
+        if starts[call_id]["tool"] == "Bash" and end["status"] == "ok":
+            sleep = min(SLEEPS.values(), key=lambda s: abs(s - end["duration_s"]))
+            assert abs(end["duration_s"] - sleep) <= 0.1 * sleep, command
+    with SessionStore(db_url) as store:
+        main = store.program(sid)
+        assert main is not None and (main.program.framework, main.program.status) == ("claude-code", "ok")
+        for child in children:
+            timeline = store.program(child)
+            assert timeline is not None
+            assert (timeline.program.parent_program_id, timeline.program.status) == (sid, "ok")
+        spans = [s for p in (sid, *children) if (t := store.program(p)) is not None for s in t.spans if s.kind == "tool"]
+    assert len(spans) == 8 and all(s.end is not None and s.start <= s.end for s in spans), spans
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ loaded from the example config, and ``maitred serve`` over the same workers as t
 decides."""
 
 import hashlib
+import json
 import os
 import secrets
 import shutil
@@ -13,7 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,11 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 pytest.importorskip("litellm", reason="the litellm extra is not installed")
 
 from maitred.harness.background import free_port, wait_http
+from maitred.integrations.claude_code_hook import settings_json
 from maitred.integrations.litellm import MaitredLogger, llm_end_of, normalize_base, program_id_of
 from maitred.storage import SessionStore
+from tests.helpers import wait_until
+from tests.integrations.claude_cli import SCRIPT_TURNS, check_session, claude_binary, command_hooks, run
 
 REPO = Path(__file__).parents[2]
 EXAMPLE = REPO / "examples" / "litellm_proxy" / "config.yaml"
@@ -187,16 +191,18 @@ class Proxy:
         assert httpx.post(f"{self.runtime}/v1/events", json=[event], timeout=10).status_code == 200
 
 
-@pytest.fixture(scope="module")
-def proxy(tmp_path_factory, litellm_venv) -> Iterator[Proxy]:
-    tmp = tmp_path_factory.mktemp("litellm")
+@contextmanager
+def litellm_cluster(tmp: Path, litellm_venv: Path, *, gpu_tokens: int, script: Path | None = None) -> Iterator[Proxy]:
+    """Two ``maitred sim-worker`` processes, ``maitred serve`` as the runtime, and the LiteLLM
+    proxy (from the extra's venv) with the shipped config and maitred's callback in front."""
     maitred = [sys.executable, "-m", "maitred"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAITRED_")}
     with ExitStack() as stack:
         sims = []
         for name in ("a", "b"):
             port = free_port()
-            argv = [*maitred, "sim-worker", "--port", str(port), "--gpu-tokens", str(GPU_TOKENS), "--time-scale", "50"]
+            argv = [*maitred, "sim-worker", "--port", str(port), "--gpu-tokens", str(gpu_tokens), "--time-scale", "50"]
+            argv += ["--script", str(script)] if script is not None else []
             _start(stack, argv, health=f"http://127.0.0.1:{port}/health", log=tmp / f"sim-{name}.log", env=env, timeout_s=60)
             sims.append(f"http://127.0.0.1:{port}")
         db_url, port = f"sqlite:///{tmp / 'runtime.db'}", free_port()
@@ -217,6 +223,40 @@ def proxy(tmp_path_factory, litellm_venv) -> Iterator[Proxy]:
         url = f"http://127.0.0.1:{port}"
         _start(stack, argv, health=f"{url}/health/liveliness", log=tmp / "proxy.log", env=proxy_env, timeout_s=240)
         yield Proxy(url, key, runtime, [normalize_base(s) or "" for s in sims], db_url)
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory, litellm_venv) -> Iterator[Proxy]:
+    with litellm_cluster(tmp_path_factory.mktemp("litellm"), litellm_venv, gpu_tokens=GPU_TOKENS) as running:
+        yield running
+
+
+def test_the_claude_code_cli_through_the_proxy_is_admitted_pinned_and_loses_nothing(tmp_path, litellm_venv):
+    """The real CLI with ``ANTHROPIC_BASE_URL`` at the proxy: every model call admitted by the
+    runtime under the session (or its subagent's child program), the session on one worker,
+    and every hook event stored."""
+    binary, why = claude_binary()
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the Claude Code CLI tests: {why}")
+        pytest.skip(f"the Claude Code CLI is not available: {why}")
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(SCRIPT_TURNS))
+    with litellm_cluster(tmp_path, litellm_venv, gpu_tokens=400_000, script=script) as running:
+        env = {**command_hooks(tmp_path, MAITRED_URL=running.runtime), "ANTHROPIC_API_KEY": running.key}
+        session = run(binary, tmp_path, "project", running.url, json.loads(settings_json()), env, "--model", "sim")
+        check_session(running.db_url, session)
+        sid = session.session_id
+        # Every call admitted (an llm.start from the callback) and answered (its llm.end): the
+        # seven turns of the main script and the one after the background child's notification.
+        def settled() -> bool:
+            return len(running.served(sid)) == len(running.events(sid, "llm.start")) >= 8
+
+        assert wait_until(settled, timeout=30), (running.served(sid), running.events(sid, "llm.start"))
+        assert len({call["worker"] for call in running.served(sid)}) == 1
+        with SessionStore(running.db_url) as store:  # the subagents' calls are theirs (x-claude-code-agent-id)
+            children = {e["program_id"] for e in store.events() if e["program_id"].startswith(f"{sid}/")}
+        assert len(children) == 2 and all(len(running.events(c, "llm.start")) == 2 for c in children)
 
 
 def test_claude_code_calls_of_a_session_are_admitted_and_stay_on_one_worker(proxy):
