@@ -247,6 +247,7 @@ def test_the_claude_code_cli_through_the_proxy_is_admitted_pinned_and_loses_noth
         session = run(binary, tmp_path, "project", running.url, json.loads(settings_json()), env, "--model", "sim")
         check_session(running.db_url, session)
         sid = session.session_id
+
         # Every call admitted (an llm.start from the callback) and answered (its llm.end): the
         # seven turns of the main script and the one after the background child's notification.
         def settled() -> bool:
