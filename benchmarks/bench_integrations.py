@@ -3,14 +3,17 @@ inside a LangGraph agent.
 
 1. Command hook: wall time from process start to exit of ``maitred hook claude-code`` (what
    ``examples/claude_code/settings.json`` runs) and of ``python -m
-   maitred.integrations.claude_code``, fed one PreToolUse payload (Python start-up included),
-   median and p90 over ``--hook-runs`` runs, with the runtime up (a gateway on simulated
-   workers, the events POSTed to it), with the runtime down (connection refused, one line,
-   exit), and without a runtime (the store write handed to a detached writer; each run waits
-   for its writer to finish, and the time until the event is in the store is reported). A bare
-   ``python -c pass`` in the same run is the floor: on a shared machine it shows how much the
-   load inflates every figure.
-2. Middleware: one ``create_agent`` agent on a scripted chat model (each step one model call and
+   maitred.integrations.claude_code_hook``, fed one PreToolUse payload (Python start-up
+   included), median and p90 over ``--hook-runs`` runs: the events spooled for a deliverer that
+   posts them to a running gateway, that keeps them while the runtime is down, or that writes
+   them to a SQLite store (there each run waits for its event to be stored, and the time until
+   it is is reported). A bare ``python -c pass`` in the same run is the floor: on a shared
+   machine it shows how much the load inflates every figure.
+2. Headless Claude Code session (``--sessions``): the real CLI (installed as the test suite
+   does) runs one scripted session against ``maitred sim-worker --script``, with the command
+   hooks writing to a store and without hooks, alternated; reported: median session time each
+   way, their ratio (Goal: <= 1.05), and the hook events lost (Goal: 0).
+3. Middleware: one ``create_agent`` agent on a scripted chat model (each step one model call and
    one tool call), run with and without ``MaitredMiddleware`` in alternation; events go through
    the real emitter to a sink that counts them. Reported, in wall time and in CPU time (which a
    shared, busy machine inflates less): the middleware's own time per tool call and per model
@@ -21,9 +24,9 @@ inside a LangGraph agent.
    handler, 2-3 µs a hook) is measured the same way around the pass-through middleware, in a
    fourth agent, and subtracted (``measured_*`` is before, ``timing_floor_*`` the amount).
 
-    python benchmarks/bench_integrations.py [--hook-runs 30] [--agent-runs 30] [--steps 10]
+    python benchmarks/bench_integrations.py [--hook-runs 30] [--sessions 5] [--agent-runs 30] [--steps 10]
 
-``--hook-runs 0`` leaves the command hook out.
+``--hook-runs 0``, ``--sessions 0``, ``--agent-runs 0`` leave that part out.
 
 The last line is one JSON object with every figure.
 """
@@ -89,7 +92,7 @@ def stored(path: Path, offset: list[int]) -> Callable[[int], float]:
 
     def wait(i: int) -> float:
         start = time.perf_counter()
-        while time.perf_counter() - start < 30:
+        while time.perf_counter() - start < 60:
             try:
                 with sqlite3.connect(path) as db:
                     n = db.execute("SELECT count(*) FROM events").fetchone()[0]
@@ -98,37 +101,84 @@ def stored(path: Path, offset: list[int]) -> Callable[[int], float]:
             if n >= offset[0] + i + 1:
                 return time.perf_counter() - start
             time.sleep(0.005)
-        raise RuntimeError("the detached writer did not store the event within 30 s")
+        raise RuntimeError("the deliverer did not store the event within 60 s")
 
     return wait
 
 
 def bench_hook(runs: int) -> dict[str, Any]:
+    """The hook process itself: what Claude Code waits for, and may kill, on every hook event."""
     from maitred.harness.background import free_port
     from maitred.harness.local import local_cluster
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("MAITRED_")}
     cli = [str(Path(sys.executable).with_name("maitred")), "hook", "claude-code"]
-    module = [sys.executable, "-m", "maitred.integrations.claude_code"]
+    module = [sys.executable, "-m", "maitred.integrations.claude_code_hook"]
     out: dict[str, Any] = {
         "python_startup": time_process([sys.executable, "-c", "pass"], base, runs),
         "import_maitred": time_process([sys.executable, "-c", "import maitred"], base, runs),
     }
-    down = {**base, "MAITRED_URL": f"http://127.0.0.1:{free_port()}"}
     with tempfile.TemporaryDirectory() as folder:
+        spool = {**base, "MAITRED_SPOOL_DIR": str(Path(folder) / "spool"), "MAITRED_HOOK_LINGER_S": "5"}
+        down = {**spool, "MAITRED_URL": f"http://127.0.0.1:{free_port()}"}
         path = Path(folder) / "hooks.db"
-        store = {**base, "MAITRED_DB": f"sqlite:///{path}"}
+        store = {**spool, "MAITRED_DB": f"sqlite:///{path}"}
         written = [0]
         with local_cluster(script_tools=False) as cluster:
-            up = {**base, "MAITRED_URL": cluster.gateway_url}
+            up = {**spool, "MAITRED_URL": cluster.gateway_url}
             for name, argv in (("maitred_hook_claude_code", cli), ("python_m_module", module)):
                 out[name] = {
                     "runtime_up": time_process(argv, up, runs),
-                    "runtime_down": time_process(argv, down, runs),
-                    "store_detached": time_process(argv, store, runs, settle=stored(path, written)),
+                    "runtime_down_spooled": time_process(argv, down, runs),
+                    "store": time_process(argv, store, runs, settle=stored(path, written)),
                 }
                 written[0] += runs
     return out
+
+
+def bench_claude_session(runs: int) -> dict[str, Any]:
+    """The hooks' cost to a real headless Claude Code session: the same scripted session (Bash
+    sleeps, a failing and a timed-out command, Read, a foreground and a background subagent)
+    with the command hooks writing to a store and without hooks, alternated; and the hook
+    events lost (the store against what the session's hooks fire)."""
+    sys.path.insert(0, str(Path(__file__).parents[1]))  # the suite's CLI harness, one copy of it
+    from maitred.harness.background import BackgroundServer
+    from maitred.integrations.claude_code_hook import settings_json
+    from maitred.sim.worker.app import create_app
+    from maitred.sim.worker.config import SimWorkerConfig
+    from tests.integrations.claude_cli import EXPECTED, SCRIPT, claude_binary, command_hooks, run, stored_session
+
+    binary, why = claude_binary()
+    if binary is None:
+        return {"skipped": why}
+    with_hooks, without, lost = [], [], []
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        BackgroundServer(create_app(SimWorkerConfig(script=SCRIPT, time_scale=50.0))) as sim,
+    ):
+        tmp = Path(folder)
+        db_url = f"sqlite:///{tmp / 'sessions.db'}"
+        hooks = json.loads(settings_json())
+        for i in range(runs):
+            for hooked in (True, False) if i % 2 == 0 else (False, True):
+                start = time.perf_counter()
+                if hooked:
+                    session = run(binary, tmp, f"hooked-{i}", sim.url, hooks, command_hooks(tmp, MAITRED_DB=db_url))
+                    with_hooks.append(time.perf_counter() - start)
+                    got = stored_session(db_url, session.session_id, want=len(EXPECTED), timeout=60)
+                    lost.append(max(len(EXPECTED) - len(got), 0))
+                else:
+                    run(binary, tmp, f"bare-{i}", sim.url, {}, {})
+                    without.append(time.perf_counter() - start)
+    hooked_s, bare_s = statistics.median(with_hooks), statistics.median(without)
+    return {
+        "sessions_each": runs,
+        "session_with_hooks_median_s": round(hooked_s, 3),
+        "session_without_hooks_median_s": round(bare_s, 3),
+        "ratio": round(hooked_s / bare_s, 4),
+        "hook_events_per_session": len(EXPECTED),
+        "events_lost": sum(lost),
+    }
 
 
 def bench_middleware(runs: int, steps: int) -> dict[str, Any]:
@@ -288,6 +338,7 @@ def bench_middleware(runs: int, steps: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hook-runs", type=int, default=30)
+    parser.add_argument("--sessions", type=int, default=5, help="headless Claude Code sessions with hooks and without (0: none)")
     parser.add_argument("--agent-runs", type=int, default=30)
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
@@ -296,7 +347,10 @@ def main() -> None:
         print("command hook (ms, median / p90):")
     for key, value in hook.items():
         print(f"  {key}: {value}")
-    middleware = bench_middleware(args.agent_runs, args.steps)
+    session = bench_claude_session(args.sessions) if args.sessions > 0 else {}
+    if session:
+        print(f"headless Claude Code session: {session}")
+    middleware = bench_middleware(args.agent_runs, args.steps) if args.agent_runs > 0 else {}
     print("LangGraph middleware:")
     for key, value in middleware.items():
         print(f"  {key}: {value}")
@@ -305,8 +359,9 @@ def main() -> None:
             {
                 "reference_s": reference_s(),
                 "command_hook": hook,
+                "claude_code_session": session,
                 "langgraph_middleware": middleware,
-                "goals": {"hook_median_ms": 100, "middleware_share": 0.02},
+                "goals": {"hook_median_ms": 100, "middleware_share": 0.02, "session_ratio": 1.05, "events_lost": 0},
             }
         )
     )

@@ -1,6 +1,6 @@
 """Feed a recorded Claude Code session, hook by hook, to maitred the way Claude Code would.
 
-Each payload is piped into the command hook (``python -m maitred.integrations.claude_code``, what
+Each payload is piped into the command hook (``python -m maitred.integrations.claude_code_hook``, what
 ``maitred hook claude-code`` runs), one process per hook as Claude Code runs them, with
 ``MAITRED_URL`` pointing at the gateway. The runtime's view of the session is printed after a
 few of them: the open tool call with its signature and deadline, the subagent's child program,
@@ -46,7 +46,10 @@ def replay(gateway: str, path: Path, http: bool) -> None:
         if http:
             httpx.post(f"{gateway}/v1/hooks/claude-code", json=payload, timeout=10).raise_for_status()
         else:
-            subprocess.run([sys.executable, "-m", "maitred.integrations.claude_code"], input=line, text=True, env=env, check=True)
+            # --foreground: each hook delivers before it exits, so the view below already shows it
+            # (Claude Code's hooks leave that to the background deliverer).
+            hook = [sys.executable, "-m", "maitred.integrations.claude_code_hook", "--foreground"]
+            subprocess.run(hook, input=line, text=True, env=env, check=True)
         detail = payload.get("tool_name") or payload.get("agent_type") or payload.get("source") or ""
         print(f"{name:<20} {detail}")
         if name in SHOW_AFTER:

@@ -165,8 +165,9 @@ def run(
     return session
 
 
-def stored(db_url: str, session_id: str, *, want: int) -> list[dict[str, Any]]:
-    """The session's events (its children's included) once ``want`` have been stored."""
+def stored_session(db_url: str, session_id: str, *, want: int, timeout: float = 60.0) -> list[dict[str, Any]]:
+    """The session's events (its children's included) once ``want`` hook events have been stored
+    (or what is there after ``timeout``)."""
     found: list[dict[str, Any]] = []
 
     def enough() -> bool:
@@ -178,7 +179,7 @@ def stored(db_url: str, session_id: str, *, want: int) -> list[dict[str, Any]]:
             return False
         return sum(1 for e in found if not e["type"].startswith("llm.")) >= want
 
-    wait_until(enough, timeout=60, interval=0.25)
+    wait_until(enough, timeout=timeout, interval=0.25)
     return found
 
 
@@ -198,7 +199,7 @@ EXPECTED = sorted(
 def check_session(db_url: str, session: Session) -> None:
     """Every event of the scripted session is stored, with the facts the tests promise."""
     sid = session.session_id
-    events = [e for e in stored(db_url, sid, want=len(EXPECTED)) if not e["type"].startswith("llm.")]  # the hooks' own
+    events = [e for e in stored_session(db_url, sid, want=len(EXPECTED)) if not e["type"].startswith("llm.")]  # the hooks' own
     starts = {e["call_id"]: e for e in events if e["type"] == "tool.start"}
     ends = {e["call_id"]: e for e in events if e["type"] == "tool.end"}
     assert len(starts) == len(ends) == 8 and set(starts) == set(ends)
