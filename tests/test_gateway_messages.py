@@ -148,7 +148,7 @@ def test_tool_use_blocks_come_through_and_count_tokens_is_answered_by_the_worker
         ({"max_tokens": None}, "max_tokens"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"model": None}, "model"),
-        ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
     ],
 )
 def test_a_bad_message_gets_an_anthropic_error_naming_the_field_and_no_program(served, change, field):

@@ -198,3 +198,20 @@ def test_script_tools_answer_a_response_with_function_call_items(worker):
 def test_a_bad_response_request_gets_sglangs_openai_error_naming_the_field(worker):
     r = httpx.post(worker.url + "/v1/responses", json={"model": "m", "input": 7})
     assert r.status_code == 400 and r.json()["message"].startswith("input:")
+
+
+def test_a_system_message_mid_conversation_is_a_chat_system_message():
+    """Claude Code 2.1.3xx sends ``role: system`` messages among ``messages`` (its per-turn
+    control beta); they become system messages of the chat request, in place."""
+    from maitred.sim.worker.dialects import anthropic_to_chat
+
+    body = {
+        "model": "m",
+        "max_tokens": 8,
+        "messages": [
+            {"role": "user", "content": "SCRIPT:main go"},
+            {"role": "system", "content": [{"type": "text", "text": "# Environment"}]},
+        ],
+    }
+    chat = anthropic_to_chat(body)
+    assert [(m["role"], m["content"]) for m in chat["messages"]] == [("user", "SCRIPT:main go"), ("system", "# Environment")]
