@@ -282,7 +282,7 @@ def load_programs(url: str, n: int, first: int = 0) -> None:
         lines.append({"type": "tool.start", "ts": now + 1, "program_id": pid, "call_id": "c0", "tool": "pytest"})
     for k in range(0, len(lines), 10_000):
         body = "\n".join(json.dumps(e) for e in lines[k : k + 10_000])
-        r = httpx.post(url + "/v1/events", content=body, timeout=60)
+        r = httpx.post(url + "/v1/events", content=body, headers={"content-type": "application/x-ndjson"}, timeout=60)
         r.raise_for_status()
 
 

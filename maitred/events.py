@@ -299,6 +299,19 @@ def _check_ts(ts: float, now: float) -> None:
         raise EventError("ts", f"{ts:.3f} is {ts - now:.0f} s in the future (limit {MAX_FUTURE_SKEW_S:.0f} s)")
 
 
+def name_problem(value: object, *, empty: bool = True) -> str | None:
+    """Why ``value`` cannot be an id or a name in an event (what ``decode_event`` checks of
+    one), or None: for the gateway, which takes model names and program ids from model requests
+    and must refuse at the edge what the store would later fail to hold."""
+    if not isinstance(value, str):
+        return f"expected a string, got {type(value).__name__}"
+    if len(value) > MAX_ID_LENGTH:
+        return f"longer than {MAX_ID_LENGTH} characters ({len(value):,})"
+    if not value and not empty:
+        return "empty"
+    return _text_problem(value)
+
+
 def _text_problem(text: str) -> str | None:
     if "\x00" in text:
         return "contains a NUL byte, which the store cannot hold"

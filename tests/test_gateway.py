@@ -438,7 +438,9 @@ async def test_a_scheduler_step_that_raises_still_completes_every_request(cluste
 async def test_bad_input_gets_a_clear_4xx_and_disturbs_nothing(cluster):
     c = cluster(workers=1, token="s3cret", proxy=ProxyConfig(max_body_bytes=4096), max_events_bytes=2048)
     auth = {"Authorization": "Bearer s3cret"}
-    async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
+    anyone = {"Authorization": ""}
+    # (the token covers the model routes too: the client sends it unless a check says otherwise)
+    async with httpx.AsyncClient(base_url=c.url, timeout=60, headers=auth) as client:
 
         async def refused(status: int, field: str | None, *args: Any, **kwargs: Any) -> None:
             r = await client.request(*args, **kwargs)
@@ -460,18 +462,19 @@ async def test_bad_input_gets_a_clear_4xx_and_disturbs_nothing(cluster):
                 yield b"x" * 1000
 
         await refused(413, "body", "POST", "/v1/chat/completions", content=chunked(), headers=JSON)
-        await refused(401, "authorization", "POST", "/v1/events", json=[event("program.start", "p")])
+        await refused(401, "authorization", "POST", "/v1/events", json=[event("program.start", "p")], headers=anyone)
         await refused(401, "authorization", "GET", "/v1/programs", headers={"Authorization": "Bearer wrong"})
         await refused(404, "program_id", "GET", "/v1/programs/nobody", headers=auth)
         await refused(400, None, "POST", "/v1/events", json=[{"type": "tool.start", "ts": "yesterday"}], headers=auth)
-        await refused(400, "body", "POST", "/v1/events", content=b"[{", headers=auth)
-        await refused(413, "body", "POST", "/v1/events", content=b"[" + b" " * 3000 + b"]", headers=auth)
-        await refused(400, "body", "POST", "/v1/hooks/claude-code", content=b"nope", headers=auth)
-        await refused(401, "authorization", "POST", "/v1/hooks/claude-code", json={"hook_event_name": "Stop"})
+        await refused(400, "body", "POST", "/v1/events", content=b"[{", headers={**auth, **JSON})
+        await refused(413, "body", "POST", "/v1/events", content=b"[" + b" " * 3000 + b"]", headers={**auth, **JSON})
+        await refused(400, "body", "POST", "/v1/hooks/claude-code", content=b"nope", headers={**auth, **JSON})
+        await refused(401, "authorization", "POST", "/v1/hooks/claude-code", json={"hook_event_name": "Stop"}, headers=anyone)
+        await refused(401, "authorization", "POST", "/v1/chat/completions", json={"messages": []}, headers=anyone)
 
         r = await client.post(
             "/v1/events",
-            headers=auth,
+            headers={**auth, "content-type": "application/x-ndjson"},
             content=(
                 b'{"type":"program.start","ts":%f,"program_id":"good"}\n{"type":"tool.start","ts":1,"program_id":"bad"}\n'
                 % time.time()

@@ -16,13 +16,17 @@ from typing import TYPE_CHECKING
 
 import httpx
 from fastapi import FastAPI
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from maitred.gateway.guard import routing_error
 from maitred.gateway.ingest import HookMapper, add_admin_routes
 from maitred.gateway.loop import LiveConfig, LiveDriver
 from maitred.gateway.metrics import Metrics
+from maitred.gateway.origin import LOOPBACK_HOSTS, OriginGuard
 from maitred.gateway.proxy import Proxy, ProxyConfig, add_proxy_routes
 from maitred.gateway.sglang.client import SGLangClient
 from maitred.gateway.store_writer import StoreWriter
+from maitred.gateway.trust import Tokens
 
 if TYPE_CHECKING:
     from maitred.storage import SessionStore
@@ -34,7 +38,9 @@ log = logging.getLogger("maitred.service")
 class ServeConfig:
     workers: Sequence[str]
     db_url: str | None = None  # None: nothing is persisted (tests, benchmarks)
-    token: str | None = None
+    token: str | None = None  # one unscoped token (``trust``); ``tokens`` adds scoped ones
+    tokens: Tokens | None = None
+    allowed_hosts: Sequence[str] = LOOPBACK_HOSTS  # ``Host`` names answered (``origin``); "*": any
     runtime: LiveConfig = field(default_factory=LiveConfig)
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     max_events_bytes: int = 16 << 20
@@ -112,10 +118,19 @@ def build_app(
             if on_shutdown is not None:
                 await asyncio.to_thread(on_shutdown)
 
-    app = FastAPI(title="maitred", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    proxy = Proxy(runtime, cfg.proxy, max_connections=cfg.max_connections)
+    app = FastAPI(
+        title="maitred",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        exception_handlers={StarletteHTTPException: routing_error},
+    )
+    app.add_middleware(OriginGuard, allowed_hosts=cfg.allowed_hosts)
+    tokens = cfg.tokens or Tokens.of(cfg.token)
+    proxy = Proxy(runtime, cfg.proxy, max_connections=cfg.max_connections, tokens=tokens)
     add_proxy_routes(app, proxy if cfg.workers else None)
-    add_admin_routes(app, runtime, token=cfg.token, max_events_bytes=cfg.max_events_bytes, hook_mapper=hook_mapper)
+    add_admin_routes(app, runtime, tokens=tokens, max_events_bytes=cfg.max_events_bytes, hook_mapper=hook_mapper)
     gateway = Gateway(app, runtime, client, proxy)
     return gateway
 

@@ -1,4 +1,5 @@
-"""What every gateway endpoint checks before it does anything: the bearer token and the body size.
+"""What every gateway endpoint checks of a request's body (its size, that it is a JSON object), and the
+one error shape of what maitred refuses. Tokens and their scopes are ``maitred.gateway.trust``.
 
 Errors are JSON ``{"error": {"message", "type", "field"}}`` with a 4xx status, the shape OpenAI
 clients already print, naming what was wrong. On Anthropic's routes (``/v1/messages``) they take
@@ -6,11 +7,11 @@ Anthropic's shape instead, ``{"type": "error", "error": {"type", "message"}}``, 
 Anthropic SDKs (and Claude Code) parse and print; the message still names the field.
 """
 
-import hmac
 from typing import Any
 
 import orjson
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 
@@ -31,6 +32,8 @@ class HTTPProblem(Exception):
 ANTHROPIC_KINDS = {
     "invalid_request_error": "invalid_request_error",
     "authentication_error": "authentication_error",
+    "permission_error": "permission_error",
+    "not_found": "not_found_error",
     "request_too_large": "request_too_large",
     "service_unavailable": "overloaded_error",
     "no_workers": "api_error",
@@ -60,25 +63,22 @@ def error_response(
     return Response(content, status_code=status, media_type="application/json", headers=headers)
 
 
-def check_token(request: Request, token: str | None) -> None:
-    """Ingest and admin endpoints need ``Authorization: Bearer <token>`` when a token is set
-    (compared in constant time)."""
-    if token is None:
-        return
-    header = request.headers.get("authorization", "")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
-        raise HTTPProblem(
-            401,
-            "missing or wrong bearer token (Authorization: Bearer <MAITRED_TOKEN>)",
-            field="authorization",
-            kind="authentication_error",
-        )
+class ClientGone(Exception):
+    """The client closed its connection before its request was answered (mid-body, or while it
+    was held): nobody reads an answer, and nothing is sent for it. Not an error of the gateway's:
+    logged at DEBUG at most, never as a traceback."""
 
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refused with 413 past ``limit`` bytes — before reading it when the
     client says its length, while reading it when it does not."""
+    try:
+        return await _read_body(request, limit)
+    except ClientDisconnect:
+        raise ClientGone from None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
     length = request.headers.get("content-length")
     if length is not None:
         if not length.isdigit():
@@ -105,3 +105,18 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise HTTPProblem(400, f"body: expected a JSON object, got {type(body).__name__}", field="body")
     return body
+
+
+async def routing_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (no such route: 404; a route without that method: 405) in the
+    gateway's one error shape, instead of Starlette's ``{"detail": ...}``."""
+    status = getattr(exc, "status_code", 500)
+    detail = getattr(exc, "detail", None) or "error"
+    kind = {404: "not_found", 405: "method_not_allowed"}.get(status, "invalid_request_error")
+    return error_response(
+        status,
+        f"{request.method} {request.url.path}: {detail}",
+        kind=kind,
+        headers=getattr(exc, "headers", None),
+        anthropic=request.url.path.startswith("/v1/messages"),
+    )

@@ -6,12 +6,14 @@ reason; the answer is 4xx only when nothing in the batch was valid. ``POST
 /v1/hooks/claude-code`` takes a Claude Code hook payload as Claude Code posts it. ``POST
 /v1/admit`` is the gateway's admission for requests that reach the workers another way (the
 LiteLLM callback): it answers once the program may run, with its worker. Ingest and
-admin endpoints take the bearer token when one is set; ``/metrics`` and ``/healthz`` stay open
-for scrapers and load balancers (they name no programs).
+admin endpoints take a token when tokens are set, and a scoped token reaches only its own
+programs (``maitred.gateway.trust``); ``/metrics`` and ``/healthz`` stay open for scrapers and
+load balancers (they name no programs).
 """
 
 import asyncio
 import importlib
+import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -21,12 +23,14 @@ import orjson
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from maitred.events import Event, EventError, LLMStart, decode_event, loads_batch
-from maitred.gateway.guard import HTTPProblem, check_token, parse_json_object, read_body
+from maitred.events import Batch, Event, EventError, LLMStart, Rejected, decode_event, loads_batch
+from maitred.gateway.guard import ClientGone, HTTPProblem, parse_json_object, read_body
 from maitred.gateway.loop import LiveDriver, NoWorkerAvailable
 from maitred.gateway.metrics import CONTENT_TYPE
+from maitred.gateway.trust import OPEN, Scope, Tokens
 from maitred.runtime.history import DurationStats
 
+log = logging.getLogger("maitred.service")
 HookMapper = Callable[[Mapping[str, Any], float], list[Event]]
 #: What ``POST /v1/admit`` takes: the program, and what is known of the request about to run.
 ADMIT_FIELDS = frozenset({"program_id", "request_id", "agent", "model", "prompt_tokens"})
@@ -54,6 +58,24 @@ def _hook_answer(status: int, *, accepted: int, mapped: bool) -> Response:
     )
 
 
+def _screen(batch: Batch, scope: Scope) -> None:
+    """Move the events of ``batch`` naming a program outside ``scope`` to its rejected ones, by
+    their index in the batch as sent (one refused event never drops the good ones)."""
+    if scope.everything:
+        return
+    refused = {r.index for r in batch.rejected}
+    indices = (i for i in range(len(batch.events) + len(refused)) if i not in refused)
+    kept: list[Event] = []
+    for index, e in zip(indices, batch.events):
+        outside = scope.outside(e)
+        if outside is None:
+            kept.append(e)
+        else:
+            batch.rejected.append(Rejected(index, outside, "not among this token's programs"))
+    batch.events = kept
+    batch.rejected.sort(key=lambda r: r.index)
+
+
 def _stats(name: str, s: DurationStats) -> dict[str, Any]:
     return {
         "tool": name,
@@ -74,12 +96,13 @@ class _AdminRoutes:
         self.runtime, self.max_events_bytes = runtime, max_events_bytes
         self.mapper, self.payload_error = mapper, payload_error
 
-    async def events(self, request: Request) -> Response:
+    async def events(self, request: Request, scope: Scope) -> Response:
         raw = await read_body(request, self.max_events_bytes)
         try:
             batch = loads_batch(raw)
         except EventError as exc:
             raise HTTPProblem(400, str(exc), field=exc.field) from None
+        _screen(batch, scope)
         rejected = [{"index": r.index, "field": r.field, "reason": r.reason} for r in batch.rejected]
         if rejected:
             self.runtime.metrics.dropped_events.labels("invalid").inc(len(rejected))
@@ -91,7 +114,7 @@ class _AdminRoutes:
         self.runtime.ingest(batch.events)
         return _json({"accepted": len(batch.events), "rejected": rejected})
 
-    async def claude_code(self, request: Request) -> Response:
+    async def claude_code(self, request: Request, scope: Scope) -> Response:
         """Claude Code reads an http hook's 2xx body as hook output (for SessionStart and
         UserPromptSubmit, output can reach the model's context), so the body is an empty
         object, which asks nothing of Claude Code; what was recorded travels in headers."""
@@ -103,11 +126,15 @@ class _AdminRoutes:
             mapped = self.mapper(payload, time.time())
         except self.payload_error as exc:
             raise HTTPProblem(400, f"hook payload: {exc}", field="payload") from None
+        for e in mapped:
+            outside = scope.outside(e)
+            if outside is not None:
+                raise scope.refuse(getattr(e, outside), outside)
         if mapped:
             self.runtime.ingest(mapped)
         return _hook_answer(200, accepted=len(mapped), mapped=True)
 
-    async def admit(self, request: Request) -> Response:
+    async def admit(self, request: Request, scope: Scope) -> Response:
         body = parse_json_object(await read_body(request, self.max_events_bytes))
         unknown = sorted(set(body) - ADMIT_FIELDS)
         if unknown:
@@ -119,6 +146,7 @@ class _AdminRoutes:
             start = cast(LLMStart, decode_event(wire))
         except EventError as exc:
             raise HTTPProblem(400, str(exc), field=exc.field) from None
+        scope.check(start.program_id)
         try:
             admission = await self.runtime.admit(
                 start.program_id,
@@ -138,19 +166,20 @@ class _AdminRoutes:
             }
         )
 
-    async def programs(self, request: Request) -> Response:
-        return _json(self.runtime.describe())
+    async def programs(self, request: Request, scope: Scope) -> Response:
+        described = self.runtime.describe()
+        return _json(described if scope.everything else [p for p in described if scope.allows(p["program_id"])])
 
-    async def program(self, request: Request) -> Response:
+    async def program(self, request: Request, scope: Scope) -> Response:
         pid = request.path_params["program_id"]
-        found = self.runtime.describe([pid])
+        found = self.runtime.describe([pid]) if scope.allows(pid) else []  # another's: as if unknown
         if not found:
             raise HTTPProblem(
                 404, f"program_id: no program {pid[:256]!r} is known to the runtime", field="program_id", kind="not_found"
             )
         return _json(found[0])
 
-    async def tool_stats(self, request: Request) -> Response:
+    async def tool_stats(self, request: Request, scope: Scope) -> Response:
         history, log = self.runtime.state.history, self.runtime.state.predictions
         rows = [_stats(name, s) for name, s in sorted(history.by_tool.items())]
         rows += [{**_stats(name, s), "signature": True} for name, s in sorted(history.by_signature.items())]
@@ -159,9 +188,12 @@ class _AdminRoutes:
             {"tools": rows, "prediction": {"n": log.n, "mae_s": log.mae_s, "within_half_second": log.within_half_second_share}}
         )
 
-    async def journal(self, request: Request) -> Response:
+    async def journal(self, request: Request, scope: Scope) -> Response:
         """The core's decisions as they took effect (``maitred serve --journal``): what the parity
-        test compares with the replay's, and a record of why a program ran where it did."""
+        test compares with the replay's, and a record of why a program ran where it did. It names
+        every program, so a scoped token cannot read it."""
+        if not scope.everything:
+            raise HTTPProblem(403, "the journal names every program: it needs an unscoped token", kind="permission_error")
         if not self.runtime.cfg.journal:
             raise HTTPProblem(404, "the journal is off: start maitred serve with --journal", kind="not_found")
         return _json(
@@ -202,20 +234,22 @@ def add_admin_routes(
     app: FastAPI,
     runtime: LiveDriver,
     *,
-    token: str | None,
+    tokens: Tokens = OPEN,
     max_events_bytes: int,
     hook_mapper: tuple[HookMapper | None, type[Exception]] | None = None,
 ) -> None:
     mapper, payload_error = hook_mapper if hook_mapper is not None else claude_code_mapper()
     r = _AdminRoutes(runtime, max_events_bytes=max_events_bytes, mapper=mapper, payload_error=payload_error)
 
-    def guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+    def guarded(handler: Callable[[Request, Scope], Any]) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
             try:
-                check_token(request, token)
-                return await handler(request)
+                return await handler(request, tokens.scope_of(request))
             except HTTPProblem as exc:
                 return exc.response()
+            except ClientGone:
+                log.debug("maitred: client left %s before sending its whole body", request.url.path)
+                return Response(status_code=499)
 
         return endpoint
 

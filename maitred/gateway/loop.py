@@ -33,6 +33,7 @@ from maitred.gateway.metrics import Metrics, Tally, program_counts
 from maitred.gateway.sglang.client import SGLangClient, WorkerProtocolError
 from maitred.gateway.store_writer import StoreWriter
 from maitred.gateway.usage import PromptSize
+from maitred.runtime.claims import believable, clamp_tokens, token_limit
 from maitred.runtime.core import CoreConfig, Plan, RuntimeCore, StepResult
 from maitred.runtime.decisions import Decision, Warmup
 from maitred.runtime.records import SignalConfig, Tier, WorkerState
@@ -197,6 +198,7 @@ class LiveDriver:
         is healthy leaves nothing behind of a program it created."""
         now = self.clock()
         known = program_id in self.state.programs
+        prompt_tokens = clamp_tokens(prompt_tokens, token_limit(self.state.workers.values()))  # (``claims``)
         arrival = self.core.arrive(program_id, now, agent=agent, model=model, prompt_tokens=prompt_tokens, request_id=request_id)
         worker = arrival.worker
         if store and self.writer is not None:
@@ -354,9 +356,13 @@ class LiveDriver:
     # -- events ---------------------------------------------------------------------------------
 
     def ingest(self, events: list[Event]) -> None:
-        """Events from the middleware or hooks: into the live state, then to the store."""
+        """Events from the middleware or hooks: into the live state, as far as they can be true
+        (``runtime.claims``: not from the future, no more tokens than a worker holds), then to
+        the store as they were sent."""
         handoff = False
-        for e in events:
+        now, limit = self.clock(), token_limit(self.state.workers.values())
+        for sent in events:
+            e = believable(sent, now=now, limit=limit)
             if isinstance(e, ToolEnd):
                 self._observe_tool(e)
             elif isinstance(e, Handoff):

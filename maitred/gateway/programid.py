@@ -14,7 +14,7 @@ nor body ``metadata``), which is where maitred's LiteLLM callback puts it.
 from collections.abc import Mapping
 from typing import Any
 
-from maitred.events import MAX_ID_LENGTH
+from maitred.events import MAX_ID_LENGTH, name_problem
 from maitred.gateway.guard import HTTPProblem
 from maitred.identity import ID_SOURCES, IdSource, client_program_id
 
@@ -22,9 +22,10 @@ _OWN = tuple(s for s in ID_SOURCES if s.strip)
 
 
 def _valid(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH:
+    problem = name_problem(value, empty=False)
+    if problem is not None:
         raise HTTPProblem(
-            400, f"{where}: expected a string of 1 to {MAX_ID_LENGTH} characters, got {str(value)[:64]!r}", field=where
+            400, f"{where}: expected a string of 1 to {MAX_ID_LENGTH} characters: {problem}, got {str(value)[:64]!r}", field=where
         )
     return value
 

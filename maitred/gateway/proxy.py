@@ -3,7 +3,9 @@
 What SGLang serves passes through, streaming and not: OpenAI's ``POST /v1/chat/completions``,
 ``/v1/completions`` and ``/v1/responses``, Anthropic's ``/v1/messages`` (errors there in
 Anthropic's shape), and SGLang's ``/generate``: the program id is taken out of the request
-(``programid``), the
+(``programid``), with tokens set the
+request's token must cover that program (``trust``), only the route's allow-listed body fields
+are kept (``fields``), the
 request waits until the runtime admits its program (at once when it fits), goes to the
 program's worker with its SGLang ``priority`` when configured, and what the worker reports
 (tokens, cached tokens) goes back into the runtime state and the store. Answers are passed
@@ -36,11 +38,14 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive
 
+from maitred.events import name_problem
 from maitred.gateway.anthropic import check_anthropic_body
-from maitred.gateway.guard import HTTPProblem, error_response, parse_json_object, read_body
+from maitred.gateway.fields import screen_fields
+from maitred.gateway.guard import ClientGone, HTTPProblem, error_response, parse_json_object, read_body
 from maitred.gateway.loop import Admission, LiveDriver, NoWorkerAvailable
 from maitred.gateway.models import list_models
 from maitred.gateway.programid import take_program_id
+from maitred.gateway.trust import OPEN, Scope, Tokens
 from maitred.gateway.usage import PromptSize, SSEUsage, Usage, prompt_size, usage_of, warm_prompt
 
 log = logging.getLogger("maitred.service")
@@ -48,6 +53,8 @@ log = logging.getLogger("maitred.service")
 #: Connection-level failures: the worker may be gone (not that the request was bad).
 WORKER_DOWN = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 JSON = {"content-type": "application/json"}
+#: Names the body fields a request had that were not forwarded (``maitred.gateway.fields``).
+DROPPED_HEADER = "x-maitred-dropped-fields"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +94,7 @@ class ProxyConfig:
     max_body_bytes: int = 64 << 20
     request_timeout_s: float = 600.0  # a long generation is not a failure; this bounds a hung worker
     max_attempts: int = 3  # sends of one request (a worker died under it: try another)
+    forward_unknown_fields: bool = False  # forward body fields off the route's allow-list (``fields``)
 
 
 @dataclass(slots=True)
@@ -104,6 +112,7 @@ class _Call:
     request_id: str
     injected_usage: bool = False
     size: PromptSize | None = None
+    dropped: tuple[str, ...] = ()  # body fields not forwarded (``fields.screen_fields``)
 
     @property
     def endpoint(self) -> str:
@@ -111,9 +120,10 @@ class _Call:
 
 
 class Proxy:
-    def __init__(self, runtime: LiveDriver, cfg: ProxyConfig, *, max_connections: int = 1024) -> None:
+    def __init__(self, runtime: LiveDriver, cfg: ProxyConfig, *, max_connections: int = 1024, tokens: Tokens = OPEN) -> None:
         self.runtime = runtime
         self.cfg = cfg
+        self.tokens = tokens  # with tokens set, model requests need one too (``trust``)
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
 
@@ -137,6 +147,10 @@ class Proxy:
 
     async def models(self, request: Request) -> Response:
         """``GET /v1/models``: what the workers that are up serve (``maitred.gateway.models``)."""
+        try:
+            self.tokens.scope_of(request)
+        except HTTPProblem as exc:
+            return exc.response()
         return await list_models(self.session, [url for url, w in self.runtime.state.workers.items() if w.healthy])
 
     def connections_in_use(self) -> int:
@@ -148,10 +162,12 @@ class Proxy:
         route = ENDPOINTS[request.url.path]
         endpoint = route.name
         try:
-            call = self._prepare(route, request.url.path, await read_body(request, self.cfg.max_body_bytes), request)
-            if not route.generates:
-                return await self._ask(call)
-            return await self._send(call, request.receive)
+            scope = self.tokens.scope_of(request)  # before the body is read: 64 MB is not read for nobody
+            call = self._prepare(route, request.url.path, await read_body(request, self.cfg.max_body_bytes), request, scope)
+            response = await (self._send(call, request.receive) if route.generates else self._ask(call))
+            if call.dropped:
+                response.headers[DROPPED_HEADER] = ",".join(call.dropped)
+            return response
         except ClientGone:
             self.runtime.metrics.requests.labels(endpoint, "client_gone").inc()
             return Response(status_code=499)  # nobody reads it: the client left while the request was held
@@ -168,13 +184,19 @@ class Proxy:
                 anthropic=route.anthropic,
             )
 
-    def _prepare(self, route: Route, path: str, raw: bytes, request: Request) -> _Call:
+    def _prepare(self, route: Route, path: str, raw: bytes, request: Request, scope: Scope) -> _Call:
         body = parse_json_object(raw)
         if route.anthropic:
             check_anthropic_body(body, counting=not route.generates)
         program_id, changed = take_program_id(body, request.headers)
+        scope.check(program_id)
+        dropped = screen_fields(route.name, body, forward_unknown=self.cfg.forward_unknown_fields)
         if program_id is not None:  # a subagent names its parent's session: the one running child's
             program_id = self.runtime.state.speaker(program_id)
+        model = body.get("model")
+        problem = None if model is None else name_problem(model)
+        if problem is not None:  # it goes into the program's history: refused here, not lost in the store
+            raise HTTPProblem(400, f"model: {problem}", field="model", kind="invalid_request_error")
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise HTTPProblem(400, f"stream: expected true or false, got {stream!r}", field="stream")
@@ -184,11 +206,12 @@ class Proxy:
             path,
             body,
             raw,
-            changed,
+            changed or bool(dropped),
             program_id or "anon-" + self.runtime.new_request_id(),
             anonymous,
             stream,
             self.runtime.new_request_id(),
+            dropped=dropped,
         )
         if stream and route.api == "openai":
             options = body.get("stream_options")
@@ -356,10 +379,6 @@ class Proxy:
         return _Relay(
             piped.relay(first, chunks), on_close=piped.close, media_type=upstream.headers.get("content-type", "text/event-stream")
         )
-
-
-class ClientGone(Exception):
-    """The client closed its connection while its request was held: nothing is sent for it."""
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -106,7 +106,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-db", action="store_true", help="keep no history (events only update the live state)")
     parser.add_argument(
-        "--token", default=None, help="bearer token required on ingest and admin endpoints (default: $MAITRED_TOKEN)"
+        "--token",
+        default=None,
+        help="token (16 characters or more) every endpoint but /metrics and /healthz then needs, model routes "
+        "included (default: $MAITRED_TOKEN; none: loopback only, trusting local users)",
+    )
+    parser.add_argument(
+        "--token-file",
+        metavar="FILE",
+        default=None,
+        help="more tokens, one a line: 'TOKEN' (every program) or 'TOKEN PREFIX ...' (only programs whose id "
+        "starts with a PREFIX); # starts a comment",
+    )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Host name the gateway answers to (repeatable; '*': any; default: the bound address, plus "
+        "localhost, 127.0.0.1 and ::1 on loopback; any when bound elsewhere, where a token is required)",
+    )
+    parser.add_argument(
+        "--forward-unknown-fields",
+        action="store_true",
+        help="forward body fields off each model route's allow-list to the workers (default: drop them and "
+        "name them in the x-maitred-dropped-fields header); priority and rid are refused either way",
     )
     parser.add_argument(
         "--tick",
@@ -172,13 +196,18 @@ class _Refused(Exception):
 def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
     from maitred.gateway.app import ServeConfig
     from maitred.gateway.loop import LiveConfig
+    from maitred.gateway.origin import default_allowed_hosts
     from maitred.gateway.proxy import ProxyConfig
+    from maitred.gateway.trust import Tokens, check_token_text
 
-    token = args.token or os.environ.get("MAITRED_TOKEN") or None
-    if args.host not in LOOPBACK and token is None:
+    token = args.token if args.token is not None else os.environ.get("MAITRED_TOKEN") or None
+    if token is not None:
+        check_token_text(token, "--token" if args.token is not None else "MAITRED_TOKEN")
+    tokens = Tokens.from_file(args.token_file, token) if args.token_file else Tokens.of(token)
+    if args.host not in LOOPBACK and not tokens.required:
         raise _Refused(
-            "--host: binding a non-loopback address needs --token (or MAITRED_TOKEN): "
-            "the ingest and admin endpoints would be open to the network"
+            "--host: binding a non-loopback address needs --token, --token-file or MAITRED_TOKEN: "
+            "every endpoint would be open to the network"
         )
     db = None
     if not args.no_db:
@@ -204,11 +233,16 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
         journal=args.journal,
         **sizing,
     )
-    proxy = ProxyConfig(max_body_bytes=args.max_body_mb, request_timeout_s=args.request_timeout)
+    proxy = ProxyConfig(
+        max_body_bytes=args.max_body_mb,
+        request_timeout_s=args.request_timeout,
+        forward_unknown_fields=args.forward_unknown_fields,
+    )
     return ServeConfig(
         workers=list(workers),
         db_url=db,
-        token=token,
+        tokens=tokens,
+        allowed_hosts=tuple(args.allowed_host) or default_allowed_hosts(args.host),
         runtime=runtime,
         proxy=proxy,
         max_events_bytes=args.max_events_mb,
