@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 
@@ -78,7 +79,16 @@ def check_token(request: Request, token: str | None) -> None:
 
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refused with 413 past ``limit`` bytes — before reading it when the
-    client says its length, while reading it when it does not."""
+    client says its length, while reading it when it does not. A client that leaves before the
+    end (or is cut off by ``--body-timeout``) is answered 499, which nobody reads, instead of
+    being reported as a server error."""
+    try:
+        return await _read_body(request, limit)
+    except ClientDisconnect:
+        raise HTTPProblem(499, "the client left before sending the whole body", field="body", kind="client_gone") from None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
     length = request.headers.get("content-length")
     if length is not None:
         if not length.isdigit():
