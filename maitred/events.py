@@ -389,7 +389,7 @@ def decode_batch(items: Iterable[Any], *, now: float | None = None) -> Batch:
     return batch
 
 
-def loads_batch(body: bytes | str, *, now: float | None = None) -> Batch:
+def loads_batch(body: bytes | str, *, now: float | None = None, whole_limit: int | None = None) -> Batch:
     """Parse a batch sent as a JSON array, a single JSON object, or NDJSON (one event per line).
 
     Each NDJSON line and each array element is parsed on its own: one that is not JSON, not
@@ -397,6 +397,11 @@ def loads_batch(body: bytes | str, *, now: float | None = None) -> Batch:
     ``element``) and the others are kept. A body that is not one JSON array is read as NDJSON;
     only a one-line body starting with ``[`` whose brackets do not balance is refused as a
     whole (``EventError`` on ``body``).
+
+    An array longer than ``whole_limit`` characters is split into its elements before parsing,
+    never parsed in one call: the same batch, in steps no larger than one event, so a thread
+    parsing it hands the interpreter back to an event loop beside it (one parser call over a
+    14 MB array holds it for over 100 ms).
     """
     # Bytes that are not UTF-8 become lone surrogates, which validation refuses per event.
     text = body.decode("utf-8", "surrogateescape") if isinstance(body, bytes) else body
@@ -404,10 +409,12 @@ def loads_batch(body: bytes | str, *, now: float | None = None) -> Batch:
     if not stripped:
         return Batch()
     if stripped[0] in "[{":
-        try:
-            whole = json.loads(stripped)
-        except (ValueError, RecursionError):
-            whole = None
+        whole = None
+        if stripped[0] == "{" or whole_limit is None or len(stripped) <= whole_limit:
+            try:
+                whole = json.loads(stripped)
+            except (ValueError, RecursionError):
+                pass
         if isinstance(whole, (list, dict)):  # one array, or one (maybe pretty-printed) object
             return decode_batch(whole if isinstance(whole, list) else [whole], now=now)
         if stripped[0] == "[":

@@ -296,7 +296,9 @@ def test_a_held_request_whose_client_disconnects_is_dropped_not_sent_later():
     with SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=20_000, time_scale=20.0)) as sim:
         gateway = build_app(ServeConfig([sim.url], runtime=LiveConfig(tick_s=0.2, poll_s=0.2), wait_for_workers_s=10))
         with BackgroundServer(gateway.app) as server:
-            body = {"model": "sim", "program_id": "big", "max_tokens": 1, "prompt": "word " * 120_000}
+            # estimated at 37,500 tokens, more than admission gives one program here, so it is held;
+            # not so large that no worker could hold it (then it is refused at once)
+            body = {"model": "sim", "program_id": "big", "max_tokens": 1, "prompt": "word " * 30_000}
             with pytest.raises(httpx.ReadTimeout):
                 httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(30, read=1.0))
             deadline = time.monotonic() + 10

@@ -8,6 +8,7 @@ model route answers 503 saying the gateway runs without workers.
 """
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -105,6 +106,10 @@ def build_app(
                 ", ".join(healthy) or "none yet",
                 f"; not answering yet: {', '.join(down)}" if down else "",
             )
+        # What start-up made lives as long as the process: out of the collector's sight, a full
+        # collection (which a large request's allocations trigger) walks only what came later,
+        # instead of holding the interpreter for tens of milliseconds (SGLang freezes it too).
+        gc.freeze()
         if on_ready is not None:
             on_ready(gateway)
         try:

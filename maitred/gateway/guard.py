@@ -64,9 +64,10 @@ def error_response(
 
 
 class ClientGone(Exception):
-    """The client closed its connection before its request was answered (mid-body, or while it
-    was held): nobody reads an answer, and nothing is sent for it. Not an error of the gateway's:
-    logged at DEBUG at most, never as a traceback."""
+    """The client closed its connection before its request was answered (mid-body, cut off by
+    ``--body-timeout``, while it was held, or while a worker was answering it, whose connection
+    is then closed so the generation stops): nobody reads an answer, and nothing more is sent
+    for it. Not an error of the gateway's: logged at DEBUG at most, never as a traceback."""
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -27,6 +27,7 @@ from maitred.events import Batch, Event, EventError, LLMStart, Rejected, decode_
 from maitred.gateway.guard import ClientGone, HTTPProblem, parse_json_object, read_body
 from maitred.gateway.loop import LiveDriver, NoWorkerAvailable
 from maitred.gateway.metrics import CONTENT_TYPE
+from maitred.gateway.offload import INLINE_BYTES, ingest_in_slices, off_loop
 from maitred.gateway.trust import OPEN, Scope, Tokens
 from maitred.runtime.history import DurationStats
 
@@ -99,7 +100,7 @@ class _AdminRoutes:
     async def events(self, request: Request, scope: Scope) -> Response:
         raw = await read_body(request, self.max_events_bytes)
         try:
-            batch = loads_batch(raw)
+            batch = await off_loop(lambda: loads_batch(raw, whole_limit=INLINE_BYTES), len(raw))
         except EventError as exc:
             raise HTTPProblem(400, str(exc), field=exc.field) from None
         _screen(batch, scope)
@@ -111,7 +112,7 @@ class _AdminRoutes:
             return _json(
                 {"accepted": 0, "rejected": rejected, "error": {"message": message, "type": "invalid_request_error"}}, 400
             )
-        self.runtime.ingest(batch.events)
+        await ingest_in_slices(self.runtime, batch.events)
         return _json({"accepted": len(batch.events), "rejected": rejected})
 
     async def claude_code(self, request: Request, scope: Scope) -> Response:

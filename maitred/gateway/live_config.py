@@ -1,8 +1,9 @@
 """The live driver's settings (``maitred serve`` flags), apart from the driver that uses them."""
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from maitred.gateway.prompt_keep import PromptLimits
 from maitred.runtime.records import SignalConfig
 
 
@@ -21,6 +22,7 @@ class LiveConfig:
     program_ttl_s: float = 3600.0  # programs silent this long are forgotten (no program.end came)
     busy_margin: float = SignalConfig().busy_margin  # maitred's GPU-tier sizing (tiering.py)
     overcommit_headroom: float = SignalConfig().overcommit_headroom
+    prompts: PromptLimits = field(default_factory=PromptLimits)  # what is kept of prompts for warmups
 
     def __post_init__(self) -> None:
         for name in ("tick_s", "hold_timeout_s", "poll_s", "priority_epoch_s", "program_ttl_s"):

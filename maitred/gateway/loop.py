@@ -30,6 +30,7 @@ from maitred.events import Event, Handoff, LLMEnd, ProgramEnd, ToolEnd
 from maitred.gateway.health import WorkerWatch
 from maitred.gateway.live_config import LiveConfig
 from maitred.gateway.metrics import Metrics, Tally, program_counts
+from maitred.gateway.prompt_keep import Prompt, PromptKeep, prompt_bytes
 from maitred.gateway.sglang.client import SGLangClient, WorkerProtocolError
 from maitred.gateway.store_writer import StoreWriter
 from maitred.gateway.usage import PromptSize
@@ -47,11 +48,6 @@ MAX_TOOL_LABELS = 200
 
 class NoWorkerAvailable(RuntimeError):
     """Every worker is down: the request cannot be served (the gateway answers 503)."""
-
-
-#: What a driver keeps of a program's last prompt for a warmup: text, token ids, or chat messages
-#: with their tools (rendered by the worker's ``/v1/tokenize`` when a warmup is sent).
-Prompt = str | list[int] | tuple[list[dict[str, Any]], list[dict[str, Any]] | None]
 
 
 @dataclass(slots=True)
@@ -104,7 +100,7 @@ class LiveDriver:
         self.watch = WorkerWatch(
             self.backends, self.state, self.metrics, fail_after=self.cfg.fail_after, policy=self.cfg.policy, on_change=self.kick
         )
-        self._prompts: dict[str, Prompt] = {}  # program -> its last prompt (for warmups)
+        self.warm_prompts = PromptKeep(self.cfg.prompts)  # program -> its last prompt (for warmups), bounded
         self._handoff_prompts: dict[str, str] = {}  # consumer program -> a handoff's expected_prompt
         self.last_usage: dict[str, tuple[int, int | None]] = {}  # program -> (prompt, cached) tokens of its last answer
         self._chars_per_token: dict[str, float] = {}  # program -> learned from its answers (admission estimates)
@@ -269,13 +265,24 @@ class LiveDriver:
                 if not h.future.done():
                     h.future.set_result(worker)
 
-    def remember_prompt(self, program_id: str, prompt: Prompt) -> None:
+    def remember_prompt(self, program_id: str, prompt: Prompt, size: PromptSize | None = None) -> None:
         """The last prompt of a program: what a warmup replays (chat messages are rendered by the
         worker's own chat template, ``/v1/tokenize``, when the warmup is sent). Kept only when a
-        warmup can use it (warmups on, and a policy that proposes them)."""
-        if self.core.warms:
-            self._prompts[program_id] = prompt
+        warmup can use it (warmups on, and a policy that proposes them), and within
+        ``LiveConfig.prompts``: a program whose prompt is too large, or was evicted to make room,
+        gets no warmup (the core is told, so its warmups take no slot)."""
+        if not self.core.warms:
+            return
+        for dropped in self.warm_prompts.put(program_id, prompt, prompt_bytes(prompt, size)):
+            self.core.prompt_dropped(dropped)
+        if program_id in self.warm_prompts:
             self.core.prompt_seen(program_id)
+
+    def forget_prompt(self, program_id: str) -> None:
+        """The request whose prompt was kept was refused (by the worker, or the client left):
+        its prompt is not one the worker holds, so no warmup replays it."""
+        if self.warm_prompts.pop(program_id):
+            self.core.prompt_dropped(program_id)
 
     def priority_for(self, program_id: str, worker: str) -> int | None:
         """SGLang request priority for ``--radix-eviction-policy priority``, or None when off (the core's encoding)."""
@@ -285,11 +292,15 @@ class LiveDriver:
     def ratchet(self) -> dict[str, dict[str, int]]:
         return self.core.ratchet
 
+    def chars_per_token(self, program_id: str) -> float | None:
+        """``program_id``'s characters per token, learned from its answers (None until one came)."""
+        return self._chars_per_token.get(program_id)
+
     def estimate_prompt(self, program_id: str, size: PromptSize | None) -> int | None:
         """Prompt tokens of a request before the worker counts them: what admission weighs it
         at. A program's own characters-per-token ratio is learned from its answers, so the
         estimate follows its tokenizer and content (code, prose, other languages)."""
-        return None if size is None else size.estimate(self._chars_per_token.get(program_id))
+        return None if size is None else size.estimate(self.chars_per_token(program_id))
 
     def completed(
         self,
@@ -344,7 +355,7 @@ class LiveDriver:
         self._forget(program_id)
 
     def _forget(self, program_id: str) -> None:
-        self._prompts.pop(program_id, None)
+        self.warm_prompts.pop(program_id)
         self._handoff_prompts.pop(program_id, None)
         self.last_usage.pop(program_id, None)
         self._chars_per_token.pop(program_id, None)
@@ -490,7 +501,7 @@ class LiveDriver:
         (``expected_prompt``, LOCAL's API); other warmups replay the program's last prompt.
         The policy admits only warmups whose prompt is held here (``Prompts.sendable``)."""
         prompt: Prompt | None = (
-            self._handoff_prompts.get(warmup.program_id) if warmup.kind == "handoff" else self._prompts.get(warmup.program_id)
+            self._handoff_prompts.get(warmup.program_id) if warmup.kind == "handoff" else self.warm_prompts.get(warmup.program_id)
         )
         if prompt is None or warmup.worker not in self.backends:
             self.metrics.warmups.labels("skipped").inc()

@@ -28,9 +28,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
@@ -42,8 +42,10 @@ from maitred.events import name_problem
 from maitred.gateway.anthropic import check_anthropic_body
 from maitred.gateway.fields import screen_fields
 from maitred.gateway.guard import ClientGone, HTTPProblem, error_response, parse_json_object, read_body
-from maitred.gateway.loop import Admission, LiveDriver, NoWorkerAvailable
+from maitred.gateway.loop import LiveDriver, NoWorkerAvailable
 from maitred.gateway.models import list_models
+from maitred.gateway.offload import off_loop
+from maitred.gateway.oversize import check_fits
 from maitred.gateway.programid import take_program_id
 from maitred.gateway.trust import OPEN, Scope, Tokens
 from maitred.gateway.usage import PromptSize, SSEUsage, Usage, prompt_size, usage_of, warm_prompt
@@ -55,6 +57,7 @@ WORKER_DOWN = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 JSON = {"content-type": "application/json"}
 #: Names the body fields a request had that were not forwarded (``maitred.gateway.fields``).
 DROPPED_HEADER = "x-maitred-dropped-fields"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +94,7 @@ STREAM_END = {
 
 @dataclass(frozen=True, slots=True)
 class ProxyConfig:
-    max_body_bytes: int = 64 << 20
+    max_body_bytes: int = 32 << 20  # parsing one holds the interpreter ~2 ms per MB (maitred.gateway.offload)
     request_timeout_s: float = 600.0  # a long generation is not a failure; this bounds a hung worker
     max_attempts: int = 3  # sends of one request (a worker died under it: try another)
     forward_unknown_fields: bool = False  # forward body fields off the route's allow-list (``fields``)
@@ -162,15 +165,17 @@ class Proxy:
         route = ENDPOINTS[request.url.path]
         endpoint = route.name
         try:
-            scope = self.tokens.scope_of(request)  # before the body is read: 64 MB is not read for nobody
-            call = self._prepare(route, request.url.path, await read_body(request, self.cfg.max_body_bytes), request, scope)
+            scope = self.tokens.scope_of(request)  # before the body is read: 32 MB is not read for nobody
+            raw = await read_body(request, self.cfg.max_body_bytes)
+            body = await off_loop(lambda: parse_json_object(raw), len(raw))
+            call = self._prepare(route, request.url.path, body, raw, request, scope)
             response = await (self._send(call, request.receive) if route.generates else self._ask(call))
             if call.dropped:
                 response.headers[DROPPED_HEADER] = ",".join(call.dropped)
             return response
         except ClientGone:
             self.runtime.metrics.requests.labels(endpoint, "client_gone").inc()
-            return Response(status_code=499)  # nobody reads it: the client left while the request was held
+            return Response(status_code=499)  # nobody reads it: the client left
         except HTTPProblem as exc:
             self.runtime.metrics.requests.labels(endpoint, "refused").inc()
             return exc.response(anthropic=route.anthropic)
@@ -184,8 +189,7 @@ class Proxy:
                 anthropic=route.anthropic,
             )
 
-    def _prepare(self, route: Route, path: str, raw: bytes, request: Request, scope: Scope) -> _Call:
-        body = parse_json_object(raw)
+    def _prepare(self, route: Route, path: str, body: dict[str, Any], raw: bytes, request: Request, scope: Scope) -> _Call:
         if route.anthropic:
             check_anthropic_body(body, counting=not route.generates)
         program_id, changed = take_program_id(body, request.headers)
@@ -223,12 +227,22 @@ class Proxy:
     async def _send(self, call: _Call, receive: Receive) -> Response:
         runtime, body = self.runtime, call.body
         model = body.get("model") if isinstance(body.get("model"), str) else None
+        size = call.size = await off_loop(lambda: prompt_size(body), len(call.raw))
+        check_fits(body, size, runtime.state.workers, runtime.chars_per_token(call.program_id))
         # Only chat-shaped messages can be rendered for a warmup (SGLang's /v1/tokenize)
         prompt = warm_prompt(body) if call.route.api == "openai" else None
         if prompt is not None and not call.anonymous:
-            runtime.remember_prompt(call.program_id, prompt)
-        size = call.size = prompt_size(body)
+            runtime.remember_prompt(call.program_id, prompt, size)
         estimate = runtime.estimate_prompt(call.program_id, size)
+        try:
+            return await self._attempts(call, model, estimate, receive)
+        except (ClientGone, NoWorkerAvailable):
+            runtime.forget_prompt(call.program_id)  # never sent, or cut short: no worker holds it
+            raise
+
+    async def _attempts(self, call: _Call, model: str | None, estimate: int | None, receive: Receive) -> Response:
+        """Send ``call`` to its program's worker, again elsewhere when a worker dies under it."""
+        runtime, body = self.runtime, call.body
         for attempt in range(self.cfg.max_attempts):
             admission = await _unless_gone(
                 runtime.admit(
@@ -253,10 +267,11 @@ class Proxy:
             started = time.perf_counter()
             try:
                 if call.stream:
-                    return await self._stream(call, worker, url, content, started)
-                async with self.session.post(url, data=content, headers=JSON) as response:
-                    payload = await response.read()
-                    status, media_type = response.status, response.headers.get("content-type", "application/json")
+                    return await self._stream(call, worker, url, content, started, receive)
+                status, payload, media_type = await _unless_gone(self._post(url, content), receive)
+            except ClientGone:  # the client left: its connection to the worker was closed, which aborts it there
+                self._finish(call, worker, Usage(), None, ok=False)
+                raise
             except WORKER_DOWN as exc:
                 await self._lost(call, worker, exc, attempt)
                 continue
@@ -275,6 +290,8 @@ class Proxy:
             ok = status == 200
             usage = usage_of(_json(payload)) if ok else Usage()
             self._finish(call, worker, usage, time.perf_counter() - started, ok=ok)
+            if not ok:
+                runtime.forget_prompt(call.program_id)  # refused: not a prompt the worker holds
             runtime.metrics.requests.labels(call.endpoint, "ok" if ok else f"worker_{status}").inc()
             return Response(payload, status_code=status, media_type=media_type)
         runtime.metrics.requests.labels(call.endpoint, "failed").inc()
@@ -284,6 +301,19 @@ class Proxy:
             kind="bad_gateway",
             anthropic=call.route.anthropic,
         )
+
+    async def _post(self, url: str, content: bytes) -> tuple[int, bytes, str]:
+        """One whole answer from a worker. Cancelled (the client left), the connection is closed,
+        not returned to the pool: SGLang aborts a request whose connection closes (it checks
+        every ``SGLANG_REQUEST_STATE_WAIT_TIMEOUT``, 4 s, while generating), so the worker stops
+        generating an answer nobody will read."""
+        async with self.session.post(url, data=content, headers=JSON) as response:
+            try:
+                payload = await response.read()
+            except asyncio.CancelledError:
+                response.close()
+                raise
+            return response.status, payload, response.headers.get("content-type", "application/json")
 
     async def _ask(self, call: _Call) -> Response:
         """A request that generates nothing (``count_tokens``): to the program's worker when it
@@ -340,9 +370,10 @@ class Proxy:
         if call.anonymous:
             self.runtime.end_anonymous(call.program_id)
 
-    async def _stream(self, call: _Call, worker: str, url: str, content: bytes, started: float) -> Response:
+    async def _stream(self, call: _Call, worker: str, url: str, content: bytes, started: float, receive: Receive) -> Response:
         """Open the worker's stream and wait for its first chunk before answering, so a worker
-        that is gone is still retried elsewhere; then pass the chunks through."""
+        that is gone is still retried elsewhere; then pass the chunks through. A client that
+        leaves before the first chunk closes the worker's connection too (SGLang aborts then)."""
         runtime = self.runtime
         released = False
 
@@ -353,7 +384,7 @@ class Proxy:
                 runtime.inflight[worker] -= 1
 
         try:
-            upstream = await self.session.post(url, data=content, headers=JSON)
+            upstream = await _unless_gone(self.session.post(url, data=content, headers=JSON), receive)
         except BaseException:
             release()
             raise
@@ -364,13 +395,14 @@ class Proxy:
                 upstream.release()
                 release()
             self._finish(call, worker, Usage(), None, ok=False)
+            runtime.forget_prompt(call.program_id)  # refused: not a prompt the worker holds
             runtime.metrics.requests.labels(call.endpoint, f"worker_{upstream.status}").inc()
             return Response(
                 payload, status_code=upstream.status, media_type=upstream.headers.get("content-type", "application/json")
             )
         chunks = upstream.content.iter_any()
         try:
-            first = await anext(chunks, b"")
+            first = await _unless_gone(anext(chunks, b""), receive)
         except BaseException:
             upstream.close()
             release()
@@ -386,11 +418,13 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-async def _unless_gone(admitting: Coroutine[Any, Any, Admission], receive: Receive) -> Admission:
-    """The admission, unless the client leaves first: a held request whose client is gone is
-    dropped (its program stops wanting the GPU, ``LiveDriver.admit``) instead of being sent to a
-    worker when its hold ends. A request admitted at once pays one pass of the event loop."""
-    task = asyncio.ensure_future(admitting)
+async def _unless_gone(awaiting: Awaitable[T], receive: Receive) -> T:
+    """What ``awaiting`` gives, unless the client leaves first (then it is cancelled and
+    ``ClientGone`` raised): a held request whose client is gone is dropped (its program stops
+    wanting the GPU, ``LiveDriver.admit``) instead of being sent to a worker when its hold ends,
+    and a request the worker is answering is cut off there. What finishes at once pays one pass
+    of the event loop."""
+    task = asyncio.ensure_future(awaiting)
     await asyncio.sleep(0)
     if task.done():
         return task.result()

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from maitred.bind import KEEP_ALIVE_S, check_bindable
-from maitred.flags import bounded, port, positive, seconds
+from maitred.flags import bounded, port, positive, seconds, whole
 from maitred.runtime.admission import HOLD_TIMEOUT_S
 from maitred.runtime.records import SignalConfig
 
@@ -172,10 +172,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="send SGLang request priorities (for --radix-eviction-policy priority; on with --launch-sglang)",
     )
     parser.add_argument("--no-warmups", action="store_true", help="never send prefill-only warmups")
-    parser.add_argument("--max-body-mb", type=_megabytes, default=64 << 20, help="largest model request body (default: 64)")
+    parser.add_argument(
+        "--warmup-prompt-mb",
+        type=_megabytes,
+        default=4 << 20,
+        help="largest last prompt kept per program for warmups; a larger one gets none (default: 4)",
+    )
+    parser.add_argument(
+        "--warmup-prompts-mb",
+        type=_megabytes,
+        default=256 << 20,
+        help="all prompts kept for warmups together; the least recently used go first (default: 256)",
+    )
+    parser.add_argument(
+        "--warmup-prompts",
+        type=whole(1, unit="whole number of programs"),
+        default=10_000,
+        help="programs whose last prompt is kept for warmups (default: 10,000)",
+    )
+    parser.add_argument(
+        "--max-body-mb",
+        type=_megabytes,
+        default=32 << 20,
+        help="largest model request body (default: 32, Anthropic's own limit; parsing one holds the "
+        "gateway's interpreter about 2 ms per MB, stalling its other clients that long)",
+    )
     parser.add_argument("--max-events-mb", type=_megabytes, default=16 << 20, help="largest event batch body (default: 16)")
     parser.add_argument(
         "--request-timeout", type=seconds, default=600.0, help="longest a worker may take to answer one request (default: 600 s)"
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=seconds,
+        default=10.0,
+        help="close a connection whose request headers are not complete this long after it opened "
+        "(or after its previous answer) with 408 (default: 10 s)",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=seconds,
+        default=60.0,
+        help="close a request whose body is not complete this long after its headers with 408 (default: 60 s)",
+    )
+    parser.add_argument(
+        "--max-client-connections",
+        type=whole(1, unit="whole number of connections"),
+        default=None,
+        help="client connections served at once; past it a new one displaces the one waiting longest for its "
+        "request headers, or is answered 503 (default: half the file-descriptor limit less 128, at most 4096)",
     )
     parser.add_argument(
         "--wait-for-workers", type=seconds, default=30.0, help="at start, wait this long for a worker to answer (default: 30 s)"
@@ -197,6 +241,7 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
     from maitred.gateway.app import ServeConfig
     from maitred.gateway.loop import LiveConfig
     from maitred.gateway.origin import default_allowed_hosts
+    from maitred.gateway.prompt_keep import PromptLimits
     from maitred.gateway.proxy import ProxyConfig
     from maitred.gateway.trust import Tokens, check_token_text
 
@@ -231,6 +276,7 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
         priority=args.priority or bool(args.launch_sglang),
         warmups=not args.no_warmups,
         journal=args.journal,
+        prompts=PromptLimits(args.warmup_prompt_mb, args.warmup_prompts_mb, args.warmup_prompts),
         **sizing,
     )
     proxy = ProxyConfig(
@@ -286,6 +332,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from maitred.gateway.app import build_app
+    from maitred.gateway.connections import ConnectionLimits, guarded_protocol
     from maitred.gateway.sglang.launch import ChildServers
 
     # The scheduler thread's policy step is CPU-bound Python; a shorter GIL switch interval (5 ms
@@ -304,6 +351,9 @@ def run(args: argparse.Namespace) -> int:
             access_log=False,
             timeout_graceful_shutdown=10,
             timeout_keep_alive=KEEP_ALIVE_S,
+            http=guarded_protocol(
+                ConnectionLimits(args.header_timeout, args.body_timeout, max_connections=args.max_client_connections or 0)
+            ),
         )
     except (TimeoutError, RuntimeError) as exc:
         print(f"maitred serve: error: {exc}", file=sys.stderr)

@@ -280,6 +280,10 @@ class RuntimeCore:
         """The driver holds ``program_id``'s last prompt (text, token ids or chat messages it can render)."""
         self.prompts.last.add(program_id)
 
+    def prompt_dropped(self, program_id: str) -> None:
+        """The driver no longer holds ``program_id``'s last prompt (refused, or evicted for room)."""
+        self.prompts.last.discard(program_id)
+
     def handoff_prompt_seen(self, program_id: str) -> None:
         """The driver holds the prompt a handoff's consumer ``program_id`` will send."""
         self.prompts.handoff.add(program_id)

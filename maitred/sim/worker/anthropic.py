@@ -75,7 +75,7 @@ async def messages(request: Request) -> Response:
     if stream:
         return StreamingResponse(_guarded(sim, _events(sim, ticket, reply, head), _failed), media_type="text/event-stream")
     try:
-        await _finished(sim, ticket)
+        await _finished(sim, ticket, request)
     except _Refused as refused:
         return refused.response
     content = [{"type": "text", "text": reply.text}] if reply.words or not reply.tool_calls else []

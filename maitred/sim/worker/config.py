@@ -42,6 +42,9 @@ class SimWorkerConfig:
     kv_events_config: str | None = None  # SGLang's --kv-events-config JSON (zmq publisher)
     host: str = "127.0.0.1"
     port: int = 30000  # 0: any free port (SimWorkerThread)
+    #: How often a non-streamed request looks whether its client is still connected, aborting it
+    #: when not: SGLang's SGLANG_REQUEST_STATE_WAIT_TIMEOUT (4 s; ``--abort-check``).
+    abort_check_s: float = 4.0
 
     def __post_init__(self) -> None:
         if self.gpu_tokens is not None and (isinstance(self.gpu_tokens, bool) or self.gpu_tokens < 1):
@@ -52,6 +55,8 @@ class SimWorkerConfig:
             raise ValueError(f"time_scale: must be a positive, finite factor, got {self.time_scale!r}")
         if self.script_steps < 0:
             raise ValueError(f"script_steps: must be 0 or more, got {self.script_steps!r}")
+        if not (math.isfinite(self.abort_check_s) and self.abort_check_s > 0):
+            raise ValueError(f"abort_check_s: must be a positive, finite number of seconds, got {self.abort_check_s!r}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port: must be between 0 and 65535, got {self.port!r}")
         if self.radix_eviction_policy not in ("lru", "priority"):

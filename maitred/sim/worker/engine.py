@@ -163,6 +163,7 @@ class Counters:
     """Cumulative figures for ``/metrics`` (SGLang counts a request when it finishes)."""
 
     requests: int = 0
+    aborted: int = 0  # requests whose client went away before the end
     prompt_tokens: int = 0
     generation_tokens: int = 0
     cached_device: int = 0
@@ -254,6 +255,7 @@ class RealtimeEngine:
     def abort(self, ticket: Ticket) -> None:
         """The client went away before the end: drop the request as SGLang does."""
         if self._tickets.pop(id(ticket.request), None) is not None and self.worker.abort(ticket.request):
+            self.counters.aborted += 1
             ticket.done.set()
             self._wake.set()
             if self.on_change is not None:

@@ -10,6 +10,7 @@ Bad input gets 400 with SGLang's error body for that endpoint and a message that
 field's name; nothing reaches the engine until the whole request has been read.
 """
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Mapping
@@ -257,9 +258,20 @@ async def _start(
     return sim, body, reply, stream, ticket
 
 
-async def _finished(sim: SimWorker, ticket: Ticket) -> None:
-    """Wait for a whole (non-streamed) answer; an engine failure meanwhile is a 500."""
-    await ticket.done.wait()
+async def _finished(sim: SimWorker, ticket: Ticket, request: Request) -> None:
+    """Wait for a whole (non-streamed) answer; an engine failure meanwhile is a 500. Like SGLang's
+    tokenizer manager (``_wait_one_response``), it looks every ``abort_check_s`` whether the
+    client is still connected, and aborts the request when it is not: a client (or a gateway)
+    that closes its connection stops the generation."""
+    while True:
+        try:
+            await asyncio.wait_for(ticket.done.wait(), sim.config.abort_check_s)
+            break
+        except TimeoutError:
+            if await request.is_disconnected():
+                sim.engine.abort(ticket)
+                message = "Request is disconnected from the client side. Abort request"
+                raise _Refused(json_response({"error": {"message": message, "type": "aborted", "code": 499}}, 499)) from None
     if sim.engine.failure is not None:
         raise _Refused(json_response(_failure(sim), 500))
 
@@ -285,7 +297,7 @@ async def generate(request: Request) -> Response:
 
     if not stream:
         try:
-            await _finished(sim, ticket)
+            await _finished(sim, ticket, request)
         except _Refused as refused:
             return refused.response
         return json_response(out(len(reply.output_ids), True))
@@ -327,7 +339,7 @@ async def completions(request: Request) -> Response:
     }
     if not stream:
         try:
-            await _finished(sim, ticket)
+            await _finished(sim, ticket, request)
         except _Refused as refused:
             return refused.response
         choice = {
@@ -391,7 +403,7 @@ async def chat(request: Request) -> Response:
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": sim.config.served_model_name}
     if not stream:
         try:
-            await _finished(sim, ticket)
+            await _finished(sim, ticket, request)
         except _Refused as refused:
             return refused.response
         message: dict[str, Any] = {

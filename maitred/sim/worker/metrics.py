@@ -111,6 +111,7 @@ class _SimCollector(Collector):
         yield counter("sglang:prompt_tokens", "Number of prefill tokens processed.", counters.prompt_tokens)
         yield counter("sglang:generation_tokens", "Number of generation tokens processed.", counters.generation_tokens)
         yield counter("sglang:num_requests", "Number of requests processed.", counters.requests)
+        yield counter("sglang:num_aborted_requests", "Number of requests aborted.", counters.aborted)
         cached = CounterMetricFamily(
             "sglang:cached_tokens",
             "Number of cached prompt tokens by source (device/host/storage).",

@@ -108,7 +108,7 @@ async def responses(request: Request) -> Response:
     if stream:
         return StreamingResponse(_guarded(sim, _events(sim, ticket, answer), _failed), media_type="text/event-stream")
     try:
-        await _finished(sim, ticket)
+        await _finished(sim, ticket, request)
     except _Refused as refused:
         return refused.response
     return json_response(answer.response(ticket))

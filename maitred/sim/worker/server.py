@@ -168,6 +168,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--served-model-name", default=SERVED_MODEL_NAME, help=f"model name in responses (default: {SERVED_MODEL_NAME})"
     )
+    parser.add_argument(
+        "--abort-check",
+        type=positive("number of seconds"),
+        default=4.0,
+        help="how often a non-streamed request checks that its client is still connected, and is aborted "
+        "when not (SGLang's SGLANG_REQUEST_STATE_WAIT_TIMEOUT; default: 4 s)",
+    )
     parser.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
 
 
@@ -189,6 +196,7 @@ def config_from_args(args: argparse.Namespace) -> SimWorkerConfig:
         kv_events_config=args.kv_events_config,
         host=args.host,
         port=args.port,
+        abort_check_s=args.abort_check,
     )
 
 
