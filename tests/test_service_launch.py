@@ -197,7 +197,6 @@ def test_serve_launches_sglang_routes_to_it_and_takes_it_down_with_itself(standi
         (["--policy", "mori", "--overcommit-headroom", "0", "--worker", "http://127.0.0.1:1"], "--overcommit-headroom"),
         (["--gpus", "0,0", "--launch-sglang", "/m"], "--gpus"),
         (["--hicache-ratio", "1", "--launch-sglang", "/m"], "--hicache-ratio"),
-        ([], "--worker"),
         (["--host", "0.0.0.0", "--worker", "http://127.0.0.1:1"], "--host"),
         (["--no-db", "--db", "sqlite:///x.db", "--worker", "http://127.0.0.1:1"], "--no-db"),
     ],
