@@ -82,6 +82,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deliver", action="store_true", help=argparse.SUPPRESS)
 
 
+#: What ``add_arguments`` parses from an empty command line (a test checks the two agree).
+_DEFAULTS: dict[str, Any] = {
+    "runtime_url": None,
+    "db": None,
+    "timeout": 3.0,
+    "foreground": False,
+    "print_settings": False,
+    "deliver": False,
+}
+
+
 def _log(message: str) -> None:
     sys.stderr.write(f"{_PROG}: {message}\n")
 
@@ -317,9 +328,12 @@ def settings_json(command: str | None = None, *, http: str | None = None) -> str
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args:  # how Claude Code runs it, once per hook event: the defaults, without argparse's cost
+        return run(argparse.Namespace(**_DEFAULTS))
     parser = argparse.ArgumentParser(prog=_PROG, description="Record one Claude Code hook payload (read on stdin) in maitred.")
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return run(parser.parse_args(args))
 
 
 if __name__ == "__main__":

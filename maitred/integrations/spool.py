@@ -39,9 +39,8 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["Destination", "Spool", "default_state_dir", "deliver_forever", "spool_dir"]
 
@@ -60,10 +59,10 @@ def default_state_dir() -> Path:
     return Path(base) / "maitred"
 
 
-@dataclass(frozen=True)
-class Destination:
+class Destination(NamedTuple):
     """Where a spool's events go: the runtime at ``url`` (falling back to the store ``db`` when it
-    answers 5xx or not at all), or the store ``db`` alone."""
+    answers 5xx or not at all), or the store ``db`` alone. (A ``NamedTuple``: the hook runs on
+    every hook event, and ``dataclasses`` costs it ~5 ms to import.)"""
 
     url: str | None
     db: str | None

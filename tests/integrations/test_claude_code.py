@@ -395,3 +395,15 @@ def test_runtime_up_receives_the_events_with_the_token_and_the_program_header(sp
     assert server.events[2]["child_program_id"] == CHILD
     assert set(server.auth) == {"Bearer s3cret"}
     assert {h["x-program-id"] for h in server.headers} <= {SESSION, CHILD}
+
+
+def test_the_hooks_fast_path_defaults_are_what_its_flags_parse_to():
+    """Claude Code runs the hook without arguments, which skips argparse (a few ms a hook): the
+    defaults it uses then must be the flags' own."""
+    import argparse
+
+    from maitred.integrations import claude_code_hook
+
+    parser = argparse.ArgumentParser()
+    claude_code_hook.add_arguments(parser)
+    assert vars(parser.parse_args([])) == claude_code_hook._DEFAULTS
