@@ -10,6 +10,7 @@ model route answers 503 saying the gateway runs without workers.
 import asyncio
 import gc
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ class ServeConfig:
     max_events_bytes: int = 16 << 20
     max_connections: int = 1024  # per gateway, to all workers together
     wait_for_workers_s: float = 0.0  # at start, wait this long for one healthy worker
+    drain_timeout_s: float = 10.0  # at shutdown, how long queued events get to reach the store
 
 
 @dataclass
@@ -86,12 +88,19 @@ def build_app(
             def seed(store: "SessionStore") -> None:  # in the writer thread; the state is the loop's
                 rows, signatures = store.tool_stats_all(), store.tool_stats_all(by_signature=True)
                 loop.call_soon_threadsafe(runtime.seed, rows, signatures)
+                events = store.open_program_events(time.time() - cfg.runtime.program_ttl_s)
+                loop.call_soon_threadsafe(runtime.restore, events)
 
             runtime.writer = StoreWriter(
                 lambda: _open_store(url),
                 on_open=seed,
                 on_drop=lambda reason, n: runtime.metrics.dropped_events.labels(reason).inc(n),
             )
+            # Programs of a previous run are restored before the first request is served (the
+            # callbacks above run on this loop before this wait returns); a store that is down
+            # at start is not waited for beyond its own timeouts: its programs come back when
+            # it opens, except those a request has brought back first.
+            await asyncio.to_thread(runtime.writer.first_attempt.wait)
         gateway.loop = asyncio.get_running_loop()
         await proxy.start()
         await runtime.start(wait_for_workers_s=cfg.wait_for_workers_s)
@@ -119,7 +128,7 @@ def build_app(
             await proxy.stop()
             await client.aclose()
             if runtime.writer is not None:
-                await asyncio.to_thread(runtime.writer.close)
+                await asyncio.to_thread(runtime.writer.close, cfg.drain_timeout_s)
             if on_shutdown is not None:
                 await asyncio.to_thread(on_shutdown)
 

@@ -112,8 +112,8 @@ class _AdminRoutes:
             return _json(
                 {"accepted": 0, "rejected": rejected, "error": {"message": message, "type": "invalid_request_error"}}, 400
             )
-        await ingest_in_slices(self.runtime, batch.events)
-        return _json({"accepted": len(batch.events), "rejected": rejected})
+        duplicates = await ingest_in_slices(self.runtime, batch.events)
+        return _json({"accepted": len(batch.events), "duplicates": duplicates, "rejected": rejected})
 
     async def claude_code(self, request: Request, scope: Scope) -> Response:
         """Claude Code reads an http hook's 2xx body as hook output (for SessionStart and
@@ -206,19 +206,35 @@ class _AdminRoutes:
 
     async def metrics(self, request: Request) -> Response:
         self.runtime.metrics.observe_state(self.runtime.state)
+        writer = self.runtime.writer
+        self.runtime.metrics.store_writer_up.set(writer is not None and writer.problem() is None)
         return Response(self.runtime.metrics.render(), media_type=CONTENT_TYPE)
 
     async def healthz(self, request: Request) -> Response:
+        """200 while the gateway serves and keeps its history; 503 with the reason when no
+        worker is healthy, when it is shutting down (a balancer should send elsewhere), or when
+        events no longer reach the store (the writer stopped, or the store can never be used:
+        history is being lost, which a green check would hide). A store that is only down
+        (retrying) stays 200 and says so in ``store``."""
         workers = {url: w.healthy for url, w in self.runtime.state.workers.items()}
         telemetry_only = not workers  # started without workers: healthy, serving no model
-        ok = telemetry_only or any(workers.values())
+        writer = self.runtime.writer
+        store_problem = writer.problem() if writer is not None else None
+        if self.runtime.shutting_down:
+            status, ok = "shutting down: new model requests are refused", False
+        elif store_problem is not None:
+            status, ok = store_problem, False
+        elif telemetry_only:
+            status, ok = "telemetry only: no workers, model routes answer 503", True
+        else:
+            ok = any(workers.values())
+            status = "ok" if ok else "no healthy worker"
         return _json(
             {
-                "status": "telemetry only: no workers, model routes answer 503"
-                if telemetry_only
-                else "ok"
-                if ok
-                else "no healthy worker",
+                "status": status,
+                "store": None
+                if writer is None
+                else store_problem or (f"unavailable, retrying: {writer.unavailable}" if writer.unavailable else "ok"),
                 "telemetry_only": telemetry_only,
                 "workers": workers,
                 "programs": len(self.runtime.state.programs),

@@ -23,11 +23,16 @@ class LiveConfig:
     busy_margin: float = SignalConfig().busy_margin  # maitred's GPU-tier sizing (tiering.py)
     overcommit_headroom: float = SignalConfig().overcommit_headroom
     prompts: PromptLimits = field(default_factory=PromptLimits)  # what is kept of prompts for warmups
+    #: re-sent events recognised among the last this many ingested (``loop.RecentKeys``; 0: off);
+    #: about 150 bytes each, so the default costs some 15 MB at most
+    recent_event_keys: int = 100_000
 
     def __post_init__(self) -> None:
         for name in ("tick_s", "hold_timeout_s", "poll_s", "priority_epoch_s", "program_ttl_s"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if self.recent_event_keys < 0:
+            raise ValueError(f"recent_event_keys must be >= 0, got {self.recent_event_keys!r}")
         if self.fail_after < 1:
             raise ValueError("fail_after must be at least 1")

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from maitred.events import Event, Handoff, LLMEnd, ProgramEnd, ToolEnd
+from maitred.events import Event, Handoff, LLMEnd, LLMStart, ProgramEnd, ToolEnd
 from maitred.gateway.health import WorkerWatch
 from maitred.gateway.live_config import LiveConfig
 from maitred.gateway.metrics import Metrics, Tally, program_counts
@@ -37,17 +37,53 @@ from maitred.gateway.usage import PromptSize
 from maitred.runtime.claims import believable, clamp_tokens, token_limit
 from maitred.runtime.core import CoreConfig, Plan, RuntimeCore, StepResult
 from maitred.runtime.decisions import Decision, Warmup
-from maitred.runtime.records import SignalConfig, Tier, WorkerState
+from maitred.runtime.records import Phase, SignalConfig, Tier, WorkerState
 from maitred.runtime.state import RuntimeState, Snapshot
+from maitred.storage.fold import keyed
 
 log = logging.getLogger("maitred.service")
 
+#: Request ids the gateway gives the model requests it proxies.
+GATEWAY_REQUEST_PREFIX = "gw-"
 #: Distinct tool names given their own label in the duration histogram; the rest share "other".
 MAX_TOOL_LABELS = 200
 
 
 class NoWorkerAvailable(RuntimeError):
     """Every worker is down: the request cannot be served (the gateway answers 503)."""
+
+
+class RecentKeys:
+    """The idempotency keys of the last ``capacity`` events the runtime took (the store's
+    ``event_key``), so a batch sent again — the HTTP sink retries after a timeout, a hook
+    re-posts — moves the live state once, as the store stores it once. Bounded: a copy
+    re-sent after ``capacity`` newer events counts again in the live state (never in the store)."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 0:
+            raise ValueError(f"capacity must be >= 0, got {capacity!r}")
+        self.capacity = capacity
+        self._keys: OrderedDict[str, None] = OrderedDict()
+
+    def fresh(self, events: Iterable[Event]) -> list[Event]:
+        """The events not seen among the recent ones (each remembered from now on); an event
+        that cannot be keyed (a value JSON cannot hold: the store refuses it) is passed on."""
+        if self.capacity == 0:
+            return list(events)
+        out, keys = [], self._keys
+        for e in events:
+            try:
+                key, _ = keyed(e)
+            except (TypeError, ValueError, RecursionError):
+                out.append(e)
+                continue
+            if key in keys:
+                continue
+            keys[key] = None
+            out.append(e)
+        while len(keys) > self.capacity:
+            keys.popitem(last=False)
+        return out
 
 
 @dataclass(slots=True)
@@ -113,6 +149,8 @@ class LiveDriver:
         self._policy_failures_seen = 0
         self._voided_seen = 0
         self._stopping = False
+        self.recent = RecentKeys(self.cfg.recent_event_keys)
+        self.shutting_down = False  # the gateway refuses new model requests (graceful shutdown)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -144,6 +182,28 @@ class LiveDriver:
         """Tool statistics from the store, so readiness predicts from the first call."""
         self.state.seed_history(rows)
         self.state.seed_history(signature_rows, signatures=True)
+
+    def restore(self, events: list[Event]) -> int:
+        """Rebuild the programs of a previous run from their stored events (``RuntimeState.restore``
+        says how and why). A model request this gateway was proxying when it stopped died with
+        it: its ``llm.end`` (cancelled) is stored now, and the program is no longer reasoning.
+        The replayed events' keys are remembered, so a client re-sending them is not counted
+        again. Returns the number of programs restored."""
+        self.recent.fresh(events)
+        open_requests = {e.program_id: e.request_id for e in events if isinstance(e, LLMStart)}
+        restored = self.state.restore(events)
+        now = self.clock()
+        for pid in restored:
+            request_id = open_requests.get(pid, "")
+            if self.state.programs[pid].phase is Phase.REASONING and request_id.startswith(GATEWAY_REQUEST_PREFIX):
+                event = self.core.abandon(pid, now, request_id=request_id)
+                if event is not None and self.writer is not None:
+                    self.writer.submit([event])
+        if restored:
+            homeless = sum(self.state.programs[pid].home_worker is None for pid in restored)
+            log.info("maitred: %d programs restored from the store (%d without a configured worker)", len(restored), homeless)
+            self.kick()
+        return len(restored)
 
     # -- workers --------------------------------------------------------------------------------
 
@@ -247,6 +307,14 @@ class LiveDriver:
         event = self.core.abandon(program_id, self.clock(), request_id=request_id)
         if event is not None and store and self.writer is not None:
             self.writer.submit([event])
+
+    def cut_short(self, program_id: str, request_id: str, *, anonymous: bool) -> None:
+        """A request ended by the gateway's shutdown before its answer: its step ends
+        (``llm.end``, cancelled, stored unless the request named no program, which is then
+        forgotten like any one-step program)."""
+        self._refused(program_id, request_id, known=True, store=not anonymous)
+        if anonymous:
+            self.end_anonymous(program_id)
 
     def held_count(self) -> int:
         return sum(len(w) for w in self._held.values())
@@ -362,14 +430,21 @@ class LiveDriver:
 
     @staticmethod
     def new_request_id() -> str:
-        return "gw-" + uuid.uuid4().hex
+        return GATEWAY_REQUEST_PREFIX + uuid.uuid4().hex
 
     # -- events ---------------------------------------------------------------------------------
 
-    def ingest(self, events: list[Event]) -> None:
+    def ingest(self, events: list[Event]) -> int:
         """Events from the middleware or hooks: into the live state, as far as they can be true
         (``runtime.claims``: not from the future, no more tokens than a worker holds), then to
-        the store as they were sent."""
+        the store as they were sent. An event seen among the recent ones (``RecentKeys``) is
+        skipped: the store would not store it again, and the live state must not count it again
+        either (tool statistics feed readiness). Returns how many were skipped so."""
+        given = len(events)
+        events = self.recent.fresh(events)
+        duplicates = given - len(events)
+        if duplicates:
+            self.metrics.duplicate_events.inc(duplicates)
         handoff = False
         now, limit = self.clock(), token_limit(self.state.workers.values())
         for sent in events:
@@ -389,6 +464,7 @@ class LiveDriver:
             self.writer.submit(events)
         if handoff:
             self.kick_soon()
+        return duplicates
 
     def _let_through(self, program_id: str) -> None:
         """A program that ended while a request of it was held (a late ``program.end`` racing its

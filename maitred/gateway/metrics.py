@@ -92,6 +92,15 @@ class Metrics:
         self.warmups = Counter("maitred_warmups_total", "Pre-prefill warmups, by outcome", ["outcome"], registry=r)
         self.events = Counter("maitred_events_total", "Events accepted by the runtime", registry=r)
         self.dropped_events = Counter("maitred_dropped_events_total", "Events not stored, by reason", ["reason"], registry=r)
+        self.store_writer_up = Gauge(
+            "maitred_store_writer_up",
+            "1 while events reach the session store (or will once it is back up); 0 when the writer "
+            "stopped or the store can never be used, or the gateway keeps no store",
+            registry=r,
+        )
+        self.duplicate_events = Counter(
+            "maitred_duplicate_events_total", "Events received again (a re-sent batch) and counted once", registry=r
+        )
 
     def observe_state(self, state: RuntimeState, counts: Tally | None = None) -> None:
         """Refresh the gauges that describe the whole state (once per scheduler step, with the

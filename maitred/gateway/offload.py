@@ -34,10 +34,13 @@ async def off_loop(parse: Callable[[], T], size: int) -> T:
     return await asyncio.to_thread(parse)
 
 
-async def ingest_in_slices(runtime: "LiveDriver", events: Sequence[Event]) -> None:
+async def ingest_in_slices(runtime: "LiveDriver", events: Sequence[Event]) -> int:
     """``runtime.ingest(events)`` (on the loop, which owns the state), ``SLICE_EVENTS`` at a
-    time, letting the loop serve other requests between slices. Events keep their order."""
+    time, letting the loop serve other requests between slices. Events keep their order.
+    Returns how many were re-sent copies (``LiveDriver.ingest``)."""
+    duplicates = 0
     for start in range(0, len(events), SLICE_EVENTS):
         if start:
             await asyncio.sleep(0)
-        runtime.ingest(list(events[start : start + SLICE_EVENTS]))
+        duplicates += runtime.ingest(list(events[start : start + SLICE_EVENTS]))
+    return duplicates

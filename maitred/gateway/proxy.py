@@ -12,6 +12,11 @@ program's worker with its SGLang ``priority`` when configured, and what the work
 through byte for byte, streams chunk by chunk. ``/v1/messages/count_tokens`` generates
 nothing: it goes to the program's worker (or any) without admission and is not accounted.
 
+At shutdown (``drain``, ``maitred serve --shutdown-timeout``) new model requests are refused
+with 503, those in flight get the timeout to finish, and the rest are ended cleanly: a request
+not answered yet gets a 503 error body, a stream its error event in its API's shape, and the
+runtime stores its ``llm.end`` (cancelled for a request not answered, error for a cut stream).
+
 A worker that cannot be reached (refused or dropped connection) is declared down; its
 programs are re-placed on another worker and the request is sent again there (a recompute):
 the client sees no error. A stream that already sent bytes cannot be replayed, so a worker
@@ -41,7 +46,7 @@ from starlette.types import Receive
 from maitred.events import name_problem
 from maitred.gateway.anthropic import check_anthropic_body
 from maitred.gateway.fields import screen_fields
-from maitred.gateway.guard import ClientGone, HTTPProblem, error_response, parse_json_object, read_body
+from maitred.gateway.guard import ANTHROPIC_KINDS, ClientGone, HTTPProblem, error_response, parse_json_object, read_body
 from maitred.gateway.loop import LiveDriver, NoWorkerAvailable
 from maitred.gateway.models import list_models
 from maitred.gateway.offload import off_loop
@@ -58,6 +63,8 @@ JSON = {"content-type": "application/json"}
 #: Names the body fields a request had that were not forwarded (``maitred.gateway.fields``).
 DROPPED_HEADER = "x-maitred-dropped-fields"
 T = TypeVar("T")
+#: After the shutdown timeout, how long the requests ended then get to send their error.
+CUT_GRACE_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +136,9 @@ class Proxy:
         self.tokens = tokens  # with tokens set, model requests need one too (``trust``)
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        self._requests: set[asyncio.Task[Any]] = set()  # handlers running (not yet streaming)
+        self._pipes: set[_Piped] = set()  # streams being passed through
+        self._cut: str | None = None  # why the requests still running are being ended (shutdown)
 
     async def start(self) -> None:
         """Open the connection pool (inside the serving event loop, as aiohttp requires).
@@ -161,9 +171,57 @@ class Proxy:
         connector = self._session.connector if self._session is not None else None
         return sum(len(v) for v in getattr(connector, "_acquired_per_host", {}).values()) if connector else 0
 
+    def in_flight(self) -> int:
+        """Model requests being handled or streamed."""
+        return len(self._requests) + len(self._pipes)
+
+    async def drain(self, timeout_s: float, *, forced: Callable[[], bool] = lambda: False) -> int:
+        """Graceful shutdown: from now on new model requests answer 503; those in flight get
+        ``timeout_s`` to finish (``forced``: stop waiting at once, a second signal), then each
+        one left is ended cleanly (``handle``, ``_Piped.cut``) rather than cancelled with a
+        traceback. Returns how many were ended so."""
+        self.runtime.shutting_down = True
+        deadline = time.monotonic() + timeout_s
+        if self.in_flight():
+            log.info(
+                "maitred: shutting down; %d model requests in flight get up to %g s (--shutdown-timeout)",
+                self.in_flight(),
+                timeout_s,
+            )
+        while self.in_flight() and time.monotonic() < deadline and not forced():
+            await asyncio.sleep(0.05)
+        left = self.in_flight()
+        if not left:
+            return 0
+        log.warning(
+            "maitred: shutting down; ending %d model requests still running after %g s (--shutdown-timeout)", left, timeout_s
+        )
+        self._cut = f"the gateway shut down before the request finished (--shutdown-timeout {timeout_s:g} s); send it again"
+        for task in self._requests:
+            task.cancel()
+        for piped in self._pipes:
+            piped.cut(self._cut)
+        deadline = time.monotonic() + CUT_GRACE_S
+        while self.in_flight() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return left
+
     async def handle(self, request: Request) -> Response:
         route = ENDPOINTS[request.url.path]
         endpoint = route.name
+        if self.runtime.shutting_down:
+            self.runtime.metrics.requests.labels(endpoint, "shutting_down").inc()
+            return error_response(
+                503,
+                "the gateway is shutting down and takes no new requests; send it to another gateway or retry shortly",
+                kind="service_unavailable",
+                headers={"retry-after": "1", "connection": "close"},
+                anthropic=route.anthropic,
+            )
+        task = asyncio.current_task()
+        assert task is not None
+        self._requests.add(task)
+        call: _Call | None = None
         try:
             scope = self.tokens.scope_of(request)  # before the body is read: 32 MB is not read for nobody
             raw = await read_body(request, self.cfg.max_body_bytes)
@@ -173,6 +231,14 @@ class Proxy:
             if call.dropped:
                 response.headers[DROPPED_HEADER] = ",".join(call.dropped)
             return response
+        except asyncio.CancelledError:
+            if self._cut is None:
+                raise
+            task.uncancel()  # ended by ``drain``: answer the client instead of dying with a traceback
+            if call is not None and route.generates:
+                self.runtime.cut_short(call.program_id, call.request_id, anonymous=call.anonymous)
+            self.runtime.metrics.requests.labels(endpoint, "shutting_down").inc()
+            return error_response(503, self._cut, kind="service_unavailable", anthropic=route.anthropic)
         except ClientGone:
             self.runtime.metrics.requests.labels(endpoint, "client_gone").inc()
             return Response(status_code=499)  # nobody reads it: the client left
@@ -188,6 +254,8 @@ class Proxy:
                 headers={"retry-after": "1"},
                 anthropic=route.anthropic,
             )
+        finally:
+            self._requests.discard(task)
 
     def _prepare(self, route: Route, path: str, body: dict[str, Any], raw: bytes, request: Request, scope: Scope) -> _Call:
         if route.anthropic:
@@ -408,9 +476,14 @@ class Proxy:
             release()
             raise
         piped = _Piped(self, call, worker, upstream, release, time.perf_counter() - started)
+        self._pipes.add(piped)
         return _Relay(
             piped.relay(first, chunks), on_close=piped.close, media_type=upstream.headers.get("content-type", "text/event-stream")
         )
+
+
+class GatewayStopping(Exception):
+    """The gateway is shutting down and ends a stream still running (``Proxy.drain``)."""
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -431,6 +504,9 @@ async def _unless_gone(awaiting: Awaitable[T], receive: Receive) -> T:
     watcher = asyncio.ensure_future(_disconnected(receive))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()  # the request itself is ended (shutdown): so is its wait for admission
+        raise
     finally:
         watcher.cancel()
     if task.done():
@@ -476,8 +552,17 @@ class _Piped:
             self.record()
             if rest:
                 yield rest
+        except GatewayStopping as exc:
+            self.ok = False
+            self.record()
+            yield broken_stream_event(self.call.route.api, str(exc), kind="service_unavailable")
         except (TimeoutError, *WORKER_DOWN) as exc:
             yield self._broken(exc)
+
+    def cut(self, text: str) -> None:
+        """End the stream at shutdown: the read it waits on raises ``GatewayStopping`` and the
+        relay sends the stream's error event (``relay``); the worker sees the disconnect."""
+        self.upstream.content.set_exception(GatewayStopping(text))
 
     def _broken(self, exc: BaseException) -> bytes:
         """The stream's last event when the worker failed or timed out under it."""
@@ -491,6 +576,7 @@ class _Piped:
         return broken_stream_event(self.call.route.api, text)
 
     async def close(self) -> None:
+        self.proxy._pipes.discard(self)
         if self.ok and self.upstream.content.at_eof():
             self.upstream.release()  # read to the end: the connection goes back to the pool
         else:
@@ -523,15 +609,15 @@ def _json(content: bytes) -> Any:
         return None
 
 
-def broken_stream_event(api: str, text: str) -> bytes:
-    """The last event of a stream whose worker failed under it, in the stream's own API."""
+def broken_stream_event(api: str, text: str, *, kind: str = "worker_failed") -> bytes:
+    """The last event of a stream cut short (its worker failed under it, or the gateway shut
+    down), in the stream's own API."""
     if api == "anthropic":
-        return (
-            b"event: error\ndata: " + orjson.dumps({"type": "error", "error": {"type": "api_error", "message": text}}) + b"\n\n"
-        )
+        error = {"type": ANTHROPIC_KINDS.get(kind, "api_error"), "message": text}
+        return b"event: error\ndata: " + orjson.dumps({"type": "error", "error": error}) + b"\n\n"
     if api == "responses":
-        return b"event: error\ndata: " + orjson.dumps({"type": "error", "code": "worker_failed", "message": text}) + b"\n\n"
-    return b"data: " + orjson.dumps({"error": {"message": text, "type": "worker_failed"}}) + b"\n\ndata: [DONE]\n\n"
+        return b"event: error\ndata: " + orjson.dumps({"type": "error", "code": kind, "message": text}) + b"\n\n"
+    return b"data: " + orjson.dumps({"error": {"message": text, "type": kind}}) + b"\n\ndata: [DONE]\n\n"
 
 
 NO_WORKERS = (

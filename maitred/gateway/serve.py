@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from maitred.bind import KEEP_ALIVE_S, check_bindable
 from maitred.flags import bounded, port, positive, seconds, whole
+from maitred.gateway.live_config import LiveConfig
 from maitred.runtime.admission import HOLD_TIMEOUT_S
 from maitred.runtime.records import SignalConfig
 
@@ -27,6 +28,11 @@ if TYPE_CHECKING:
 #: a test checks the two agree).
 POLICY_NAMES = ("maitred", "mori", "tao", "thunderagent", "cache_aware", "round_robin")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+#: SIGTERM to exit: requests in flight get SHUTDOWN_TIMEOUT_S, then queued events DRAIN_TIMEOUT_S;
+#: together under the 30 s a supervisor commonly waits before SIGKILL (Kubernetes'
+#: terminationGracePeriodSeconds, systemd's TimeoutStopSec is 90 s).
+SHUTDOWN_TIMEOUT_S = 15.0
+DRAIN_TIMEOUT_S = 10.0
 _MEGABYTES = positive("number of megabytes")
 
 
@@ -224,6 +230,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--wait-for-workers", type=seconds, default=30.0, help="at start, wait this long for a worker to answer (default: 30 s)"
     )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=seconds,
+        default=SHUTDOWN_TIMEOUT_S,
+        help="on SIGTERM, how long model requests in flight get to finish (new ones are refused with 503) "
+        f"before the rest are ended with an error (default: {SHUTDOWN_TIMEOUT_S:g} s)",
+    )
+    parser.add_argument(
+        "--drain-timeout",
+        type=seconds,
+        default=DRAIN_TIMEOUT_S,
+        help="at shutdown, how long queued events get to reach the store (retried while it is down); "
+        f"what is left is counted and logged (default: {DRAIN_TIMEOUT_S:g} s)",
+    )
+    parser.add_argument(
+        "--dedupe-events",
+        type=whole(0, unit="whole number of events"),
+        default=LiveConfig().recent_event_keys,
+        metavar="N",
+        help="an event re-sent among the last N ingested (a client retrying a batch) moves the live state "
+        f"once, as the store stores it once; 0 turns this off (default: {LiveConfig().recent_event_keys:,})",
+    )
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     parser.add_argument(
         "--launch-sglang",
@@ -239,7 +267,6 @@ class _Refused(Exception):
 
 def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
     from maitred.gateway.app import ServeConfig
-    from maitred.gateway.loop import LiveConfig
     from maitred.gateway.origin import default_allowed_hosts
     from maitred.gateway.prompt_keep import PromptLimits
     from maitred.gateway.proxy import ProxyConfig
@@ -277,6 +304,7 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
         warmups=not args.no_warmups,
         journal=args.journal,
         prompts=PromptLimits(args.warmup_prompt_mb, args.warmup_prompts_mb, args.warmup_prompts),
+        recent_event_keys=args.dedupe_events,
         **sizing,
     )
     proxy = ProxyConfig(
@@ -293,7 +321,24 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
         proxy=proxy,
         max_events_bytes=args.max_events_mb,
         wait_for_workers_s=args.wait_for_workers,
+        drain_timeout_s=args.drain_timeout,
     )
+
+
+def check_store(url: str) -> None:
+    """Open the store once before serving, so a store that can never work (a driver that is not
+    installed, a database written by a newer maitred, a damaged file) stops the start with one
+    line instead of leaving a healthy-looking gateway that loses every event. A store that is
+    only down (refused, unreachable, silent for 5 s) does not: the gateway serves and history
+    waits for it (the store writer retries). Raises ``ValueError`` with the message."""
+    from maitred.storage import SessionStore, StoreError, StoreUnavailable
+
+    try:
+        SessionStore(url, connect_timeout_s=5.0, read_timeout_s=5.0).close()
+    except StoreUnavailable as exc:
+        logging.getLogger("maitred.service").warning("maitred: store unavailable at start (%s); history waits for it", exc)
+    except StoreError as exc:
+        raise ValueError(f"--db: {exc}") from None
 
 
 def _launch(args: argparse.Namespace) -> "SGLangLaunch":
@@ -326,6 +371,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         check_bindable(args.host, args.port)
+        if cfg.db_url is not None:
+            check_store(cfg.db_url)
     except ValueError as exc:
         print(f"maitred serve: error: {exc}", file=sys.stderr)
         return 1
@@ -333,7 +380,9 @@ def run(args: argparse.Namespace) -> int:
 
     from maitred.gateway.app import build_app
     from maitred.gateway.connections import ConnectionLimits, guarded_protocol
+    from maitred.gateway.proxy import CUT_GRACE_S
     from maitred.gateway.sglang.launch import ChildServers
+    from maitred.gateway.shutdown import DrainingServer
 
     # The scheduler thread's policy step is CPU-bound Python; a shorter GIL switch interval (5 ms
     # by default) lets the event loop serve requests between its slices.
@@ -343,18 +392,22 @@ def run(args: argparse.Namespace) -> int:
         if children is not None:
             children.start()
         gateway = build_app(cfg, on_shutdown=children.stop if children is not None else None)
-        uvicorn.run(
+        config = uvicorn.Config(
             gateway.app,
             host=args.host,
             port=args.port,
             log_level=args.log_level,
             access_log=False,
-            timeout_graceful_shutdown=10,
+            timeout_graceful_shutdown=round(CUT_GRACE_S),  # a backstop: the drain has ended every request
             timeout_keep_alive=KEEP_ALIVE_S,
             http=guarded_protocol(
                 ConnectionLimits(args.header_timeout, args.body_timeout, max_connections=args.max_client_connections or 0)
             ),
         )
+        server = DrainingServer(config, gateway.proxy, shutdown_timeout_s=args.shutdown_timeout)
+        server.run()
+        if not server.started:
+            return 1  # the app could not start (uvicorn logged why)
     except (TimeoutError, RuntimeError) as exc:
         print(f"maitred serve: error: {exc}", file=sys.stderr)
         return 1

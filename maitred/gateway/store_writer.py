@@ -8,13 +8,22 @@ and retries with backoff, and when the queue is full the newest events are dropp
 (the runtime's live state has them anyway; only history loses them). Events the database
 refuses for their content are counted with the reason and do not hold back the rest of their
 batch (``SessionStore.write`` isolates them). A store that can never work (a database written by
-a newer maitred, a corrupt file) is reported once and its events are dropped and counted.
+a newer maitred, a corrupt file) is reported once and its events are dropped and counted;
+``maitred serve`` refuses to start on one (``serve.check_store``), so this is for a store that
+turns so later. A thread that dies of anything unforeseen says so the same way: ``problem``
+names it (``/healthz`` answers 503 with it, ``maitred_store_writer_up`` reads 0), and every
+event queued or submitted after is counted dropped (``writer_stopped``), never silently lost.
+
+At shutdown ``close(timeout)`` is a bounded drain (``maitred serve --drain-timeout``): what is
+queued gets ``timeout`` seconds to reach the store, retried as usual while it is down; what is
+left then — the store still down, or a write still hanging — is counted and logged in one
+line with the count, because the in-process metric dies with the process.
 """
 
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 
 from maitred.events import Event
@@ -45,6 +54,12 @@ class StoreWriter:
         self.on_drop = on_drop or (lambda reason, n: None)
         self.stored = 0
         self.dropped = 0
+        self.dropped_by_reason: Counter[str] = Counter()
+        self.died: str | None = None  # why the thread stopped on an unforeseen error, once it did
+        self.unavailable: str | None = None  # the last outage, while the store is not taking writes
+        #: set once the first attempt to open the store is over (opened, hopeless or unavailable)
+        self.first_attempt = threading.Event()
+        self._in_flight = 0  # events of the batch being written
         self._queue: deque[Event] = deque()
         self._cond = threading.Condition()
         self._closing = False
@@ -58,7 +73,7 @@ class StoreWriter:
         with self._cond:
             events = list(events)
             if self._closed_for_good:
-                self._drop("store_error", len(events))
+                self._drop("writer_stopped" if self.died else "shutdown" if self._closing else "store_error", len(events))
                 return
             room = self.capacity - len(self._queue)
             if len(events) > room:
@@ -71,7 +86,17 @@ class StoreWriter:
     def _drop(self, reason: str, n: int) -> None:
         if n > 0:
             self.dropped += n
+            self.dropped_by_reason[reason] += n
             self.on_drop(reason, n)
+
+    def problem(self) -> str | None:
+        """Why no event reaches the store any more (None while it does, or will once it is up):
+        the store can never be used, or the thread stopped."""
+        if self.died is not None:
+            return f"store writer stopped: {self.died}"
+        if self.broken is not None:
+            return f"cannot use the store: {self.broken}"
+        return None
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until everything submitted so far was written (or refused); False on timeout."""
@@ -85,16 +110,41 @@ class StoreWriter:
                 self._cond.wait(min(left, 0.05))
         return True
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Write what is queued (within ``timeout``), then stop the thread and close the store."""
-        if self.store is not None:
-            self.flush(timeout)
+    def close(self, timeout: float = 10.0) -> int:
+        """Drain: write what is queued within ``timeout`` (retrying while the store is down),
+        then stop the thread and close the store. What could not be written is counted dropped
+        (``shutdown``) and logged with its count. Returns that count."""
+        self.flush(timeout)
         with self._cond:
             self._closing = True
             self._cond.notify_all()
         self._thread.join(timeout=5.0)
-        if self.store is not None:
+        with self._cond:  # left over: the store stayed down, or a write still hangs
+            left = len(self._queue) + self._in_flight
+            self._queue.clear()
+            self._in_flight = 0
+            self._closed_for_good = True
+        self._drop("shutdown", left)
+        lost = self.dropped_by_reason["shutdown"]
+        if lost:
+            why = self.unavailable or self.problem() or "writes did not finish"
+            log.error(
+                "maitred: %d events not stored at shutdown: the store did not take them within the drain timeout "
+                "(%g s, --drain-timeout): %s",
+                lost,
+                timeout,
+                why,
+            )
+        if self.dropped:
+            log.warning(
+                "maitred: store writer closed: %d events stored, %d not stored (%s)",
+                self.stored,
+                self.dropped,
+                ", ".join(f"{reason}: {n}" for reason, n in sorted(self.dropped_by_reason.items())),
+            )
+        if self.store is not None and not self._thread.is_alive():
             self.store.close()
+        return lost
 
     def _open(self) -> bool:
         """Open the store, retrying while it is unavailable; False when stopping or hopeless."""
@@ -103,13 +153,15 @@ class StoreWriter:
             try:
                 store = self.open_store()
             except StoreUnavailable as exc:
+                self.unavailable = str(exc)
+                self.first_attempt.set()
                 log.warning("maitred: store unavailable (%s); history waits, retrying in %.1f s", exc, backoff)
             except (StoreError, ValueError) as exc:
                 self.broken = str(exc)
                 log.error("maitred: cannot use the store: %s; events are kept in the live state only", exc)
                 return False
             else:
-                self.store = store
+                self.store, self.unavailable = store, None
                 if self.on_open is not None:
                     try:
                         self.on_open(store)
@@ -119,6 +171,7 @@ class StoreWriter:
                         )
                     except Exception:
                         log.exception("maitred: reading tool statistics from the store failed")
+                self.first_attempt.set()
                 return True
             with self._cond:
                 if self._closing:
@@ -127,9 +180,28 @@ class StoreWriter:
             backoff = min(backoff * 2, 10.0)
 
     def _run(self) -> None:
+        """The thread: ``_write_all``, and whatever kills it said in ``problem``, the log and the
+        drop counter, with everything still queued (and everything submitted later) counted."""
+        try:
+            self._write_all()
+        except BaseException as exc:
+            self.died = f"{type(exc).__name__}: {exc}"
+            log.exception("maitred: the store writer stopped; events are no longer stored")
+            with self._cond:
+                self._drop("writer_stopped", len(self._queue) + self._in_flight)
+                self._queue.clear()
+                self._in_flight = 0
+                self._closed_for_good = True
+                self._busy = False
+                self._cond.notify_all()
+        finally:
+            self.first_attempt.set()
+
+    def _write_all(self) -> None:
         if not self._open():
             with self._cond:
-                self._drop("store_error" if self.broken else "store_unavailable", len(self._queue))
+                reason = "store_error" if self.broken else "shutdown"
+                self._drop(reason, len(self._queue))
                 self._queue.clear()
                 self._closed_for_good = True
                 self._cond.notify_all()
@@ -141,24 +213,23 @@ class StoreWriter:
             with self._cond:
                 if not self._queue and not self._closing:
                     self._cond.wait(self.interval_s)
-                if self._closing and not self._queue:
-                    return
-                if self._closing and backoff > 0.1:  # the store is down and we are shutting down
-                    self._drop("store_unavailable", len(self._queue))
-                    self._queue.clear()
-                    self._cond.notify_all()
-                    return
+                if self._closing:
+                    return  # the drain is over (``close`` counts what is left)
                 batch = [self._queue.popleft() for _ in range(min(self.batch, len(self._queue)))]
                 self._busy = bool(batch)
+                self._in_flight = len(batch)
             if not batch:
                 continue
             try:
                 result = store.write(batch)
             except StoreUnavailable as exc:
+                self.unavailable = str(exc)
                 log.warning("maitred: store unavailable (%s); retrying in %.1f s", exc, backoff)
                 with self._cond:
                     self._queue.extendleft(reversed(batch))
                     self._busy = False
+                    self._in_flight = 0
+                    self._cond.notify_all()
                     self._cond.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
@@ -166,11 +237,14 @@ class StoreWriter:
                 log.exception("maitred: store write failed; %d events dropped", len(batch))
                 self._drop("store_error", len(batch))
             else:
-                backoff = 0.1
+                if self.unavailable is not None:
+                    log.info("maitred: the store takes writes again")
+                backoff, self.unavailable = 0.1, None
                 self.stored += result.stored
                 self._drop("rejected", len(result.rejected))
                 for r in result.rejected[:5]:
                     log.warning("maitred: store refused a %s event: %s", r.type, r.reason)
             with self._cond:
                 self._busy = False
+                self._in_flight = 0
                 self._cond.notify_all()

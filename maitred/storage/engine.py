@@ -77,7 +77,15 @@ def make_engine(url: str, *, connect_timeout_s: float | None = None, echo: bool 
             connect_args["connect_timeout"] = max(1, round(connect_timeout_s))
     else:
         connect_args["timeout"] = 30.0
-    engine = create_engine(parsed, connect_args=connect_args, echo=echo, pool_pre_ping=True)
+    try:
+        engine = create_engine(parsed, connect_args=connect_args, echo=echo, pool_pre_ping=True)
+    except ImportError as exc:  # a driver named in the URL that is not installed (psycopg2, asyncpg)
+        raise StoreError(f"database driver {parsed.get_driver_name()!r} is not installed ({exc}); {_URL_HINT}") from None
+    if engine.dialect.is_async:  # the store is synchronous: an asyncio driver fails at the first query
+        engine.dispose()
+        raise StoreError(
+            f"database driver {parsed.get_driver_name()!r} is for asyncio, which the store does not use; {_URL_HINT}"
+        )
     if parsed.get_backend_name() == "sqlite":
         event.listen(engine, "connect", _sqlite_connect)
         event.listen(engine, "begin", _sqlite_begin)

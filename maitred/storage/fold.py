@@ -77,7 +77,21 @@ def event_key(ts: float, body: str) -> str:
     """Idempotency key: the time, then a content hash. Leading with the time keeps inserts into
     the unique index nearly sequential (events arrive roughly in time order); a bare random hash
     made every insert land on a random index page and cut SQLite ingest by two thirds."""
-    return f"{ts:017.6f}{hashlib.sha1(body.encode()).hexdigest()[:23]}"
+    return key_floor(ts) + hashlib.sha1(body.encode()).hexdigest()[:23]
+
+
+def key_floor(ts: float) -> str:
+    """The lowest ``event_key`` of events stamped at or after ``ts``: a range on the keys' unique
+    index finds recent events without an index on ``ts``."""
+    return f"{ts:017.6f}"
+
+
+def keyed(event: Event) -> tuple[str, str]:
+    """An event's idempotency key and its stored body (canonical JSON): the store keys its log
+    by it, and the gateway's ingest by the same key, so both count a re-sent event once.
+    Raises what ``canonical_json`` raises for a value JSON cannot hold."""
+    body = canonical_json(encode_event(event))
+    return event_key(event.ts, body), body
 
 
 @dataclass
@@ -107,11 +121,10 @@ def fold(events: Iterable[Event]) -> Folded:
     seen: set[str] = set()
     for index, event in enumerate(events):
         try:
-            body = canonical_json(encode_event(event))
+            key, body = keyed(event)
         except (TypeError, ValueError, RecursionError) as exc:  # orjson.JSONEncodeError is a TypeError
             out.refused.append((index, refusal_reason(event, exc)))
             continue
-        key = event_key(event.ts, body)
         if key in seen:
             continue
         seen.add(key)

@@ -1,6 +1,7 @@
 """``SessionStore``: batched, idempotent writes of events and the history queries built on them."""
 
 import json
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from maitred.events import Event
+from maitred.events import Event, EventError, decode_event
 from maitred.storage.engine import IMMEDIATE, AnswerDeadline, make_engine, normalize_db_url, sqlite_path
 from maitred.storage.errors import (
     DatabaseTooNew,
@@ -25,9 +26,9 @@ from maitred.storage.errors import (
     is_content_error,
     translate,
 )
-from maitred.storage.fold import Folded, column_refusal, fold, refusal_reason
+from maitred.storage.fold import Folded, column_refusal, fold, key_floor, refusal_reason
 from maitred.storage.migrate import current_revision, head_revision, known_revision, upgrade
-from maitred.storage.models import Base, EventRow
+from maitred.storage.models import Base, EventRow, ProgramRow
 from maitred.storage.queries import (
     ProgramSummary,
     ProgramTimeline,
@@ -353,6 +354,26 @@ class SessionStore:
             query = query.where(EventRow.program_id == program_id)
         with self._reading(), Session(self.engine) as session:
             return [json.loads(body) for body in session.scalars(query)]
+
+    def open_program_events(self, since: float) -> list[Event]:
+        """The events stamped at or after ``since`` of programs not ended, oldest first: what a
+        gateway replays at start to rebuild its live state (``RuntimeState.restore``). Found
+        through the ``event_key`` index (keys lead with the time), so the cost follows the
+        recent events, not the whole log. A stored body that no longer decodes is skipped."""
+        open_programs = select(ProgramRow.program_id).where(ProgramRow.ended_at.is_(None))
+        query = (
+            select(EventRow.body)
+            .where(EventRow.event_key >= key_floor(since), EventRow.program_id.in_(open_programs))
+            .order_by(EventRow.ts, EventRow.id)
+        )
+        out = []
+        with self._reading(), Session(self.engine) as session:
+            for body in session.scalars(query):
+                try:
+                    out.append(decode_event(json.loads(body), now=math.inf))
+                except (EventError, ValueError):
+                    continue
+        return out
 
     def export_trace(self, path: str | Path, *, since: Since = None) -> int:
         """Write the replayable trace (docs/trace-format.md); returns the number of programs."""
