@@ -10,9 +10,10 @@ inside a LangGraph agent.
    it is is reported). A bare ``python -c pass`` in the same run is the floor: on a shared
    machine it shows how much the load inflates every figure.
 2. Headless Claude Code session (``--sessions``): the real CLI (installed as the test suite
-   does) runs one scripted session against ``maitred sim-worker --script``, with the command
-   hooks writing to a store and without hooks, alternated; reported: median session time each
-   way, their ratio (Goal: <= 1.05), and the hook events lost (Goal: 0).
+   does) runs one scripted session against ``maitred sim-worker --script`` without hooks, with
+   the command hooks writing to a store, and with the http settings posting to a gateway, in
+   rotation; reported: the median session time each way, the ratio to no hooks (Goal: <= 1.05),
+   and the hook events lost (Goal: 0).
 3. Middleware: one ``create_agent`` agent on a scripted chat model (each step one model call and
    one tool call), run with and without ``MaitredMiddleware`` in alternation; events go through
    the real emitter to a sink that counts them. Reported, in wall time and in CPU time (which a
@@ -43,6 +44,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -139,10 +141,12 @@ def bench_hook(runs: int) -> dict[str, Any]:
 def bench_claude_session(runs: int) -> dict[str, Any]:
     """The hooks' cost to a real headless Claude Code session: the same scripted session (Bash
     sleeps, a failing and a timed-out command, Read, a foreground and a background subagent)
-    with the command hooks writing to a store and without hooks, alternated; and the hook
-    events lost (the store against what the session's hooks fire)."""
+    without hooks, with the command hooks writing to a store, and with the http settings posting
+    to a gateway, in rotation; and the hook events lost (the store against what the session's
+    hooks fire)."""
     sys.path.insert(0, str(Path(__file__).parents[1]))  # the suite's CLI harness, one copy of it
     from maitred.harness.background import BackgroundServer
+    from maitred.harness.local import local_cluster
     from maitred.integrations.claude_code_hook import settings_json
     from maitred.sim.worker.app import create_app
     from maitred.sim.worker.config import SimWorkerConfig
@@ -151,33 +155,40 @@ def bench_claude_session(runs: int) -> dict[str, Any]:
     binary, why = claude_binary()
     if binary is None:
         return {"skipped": why}
-    with_hooks, without, lost = [], [], []
-    with (
-        tempfile.TemporaryDirectory() as folder,
-        BackgroundServer(create_app(SimWorkerConfig(script=SCRIPT, time_scale=50.0))) as sim,
-    ):
+    times: dict[str, list[float]] = {"without_hooks": [], "command_hooks_store": [], "http_hooks_gateway": []}
+    lost: dict[str, int] = {"command_hooks_store": 0, "http_hooks_gateway": 0}
+    with tempfile.TemporaryDirectory() as folder, ExitStack() as stack:
         tmp = Path(folder)
-        db_url = f"sqlite:///{tmp / 'sessions.db'}"
-        hooks = json.loads(settings_json())
+        sim = stack.enter_context(BackgroundServer(create_app(SimWorkerConfig(script=SCRIPT, time_scale=50.0))))
+        gateway_db = f"sqlite:///{tmp / 'gateway.db'}"
+        gateway = stack.enter_context(local_cluster(workers=1, script_tools=False, db_url=gateway_db))
+        store_db = f"sqlite:///{tmp / 'sessions.db'}"
+        setups = {
+            "without_hooks": ({}, {}, None),
+            "command_hooks_store": (json.loads(settings_json()), command_hooks(tmp, MAITRED_DB=store_db), store_db),
+            "http_hooks_gateway": (
+                json.loads(settings_json(http=gateway.gateway_url)),
+                command_hooks(tmp, MAITRED_URL=gateway.gateway_url),  # SessionStart's command hook
+                gateway_db,
+            ),
+        }
+        names = list(setups)
         for i in range(runs):
-            for hooked in (True, False) if i % 2 == 0 else (False, True):
+            for name in names[i % len(names) :] + names[: i % len(names)]:  # rotate the order
+                settings, env, db = setups[name]
                 start = time.perf_counter()
-                if hooked:
-                    session = run(binary, tmp, f"hooked-{i}", sim.url, hooks, command_hooks(tmp, MAITRED_DB=db_url))
-                    with_hooks.append(time.perf_counter() - start)
-                    got = stored_session(db_url, session.session_id, want=len(EXPECTED), timeout=60)
-                    lost.append(max(len(EXPECTED) - len(got), 0))
-                else:
-                    run(binary, tmp, f"bare-{i}", sim.url, {}, {})
-                    without.append(time.perf_counter() - start)
-    hooked_s, bare_s = statistics.median(with_hooks), statistics.median(without)
+                session = run(binary, tmp, f"{name}-{i}", sim.url, settings, env)
+                times[name].append(time.perf_counter() - start)
+                if db is not None:
+                    got = stored_session(db, session.session_id, want=len(EXPECTED), timeout=60)
+                    lost[name] += max(len(EXPECTED) - sum(1 for e in got if not e["type"].startswith("llm.")), 0)
+    bare = statistics.median(times["without_hooks"])
     return {
         "sessions_each": runs,
-        "session_with_hooks_median_s": round(hooked_s, 3),
-        "session_without_hooks_median_s": round(bare_s, 3),
-        "ratio": round(hooked_s / bare_s, 4),
+        "median_s": {name: round(statistics.median(ts), 3) for name, ts in times.items()},
+        "ratio": {name: round(statistics.median(ts) / bare, 4) for name, ts in times.items() if name != "without_hooks"},
         "hook_events_per_session": len(EXPECTED),
-        "events_lost": sum(lost),
+        "events_lost": lost,
     }
 
 

@@ -1,7 +1,7 @@
 """How long one large request stalls a gateway's other clients: the slowest ``GET /healthz``
 while it is processed, against the slowest of a baseline taken just before, in the same run
 (so machine load cancels out). What ``benchmarks/bench_big_bodies.py`` reports and
-``tests/test_gateway_big_bodies.py`` checks."""
+``tests/faults/test_gateway_big_bodies.py`` checks."""
 
 import threading
 import time
