@@ -55,7 +55,11 @@ async def run(gateway: str) -> None:
     print("final output:", result.final_output)
     print("last agent:", result.last_agent.name)
     print("\nthe gateway's view of the program:")
-    info = httpx.get(f"{gateway}/v1/programs/{program}").json()
+    response = httpx.get(f"{gateway}/v1/programs/{program}")
+    if response.status_code == 404:  # the trace's end sent program.end: only running programs are listed
+        print(f"{program}: ended with its trace (program.end, framework openai-agents); see `maitred programs`")
+        return
+    info = response.json()
     print(
         json.dumps(
             {k: v for k, v in info.items() if k in ("program_id", "agent", "phase", "tier", "worker", "context_tokens")}, indent=2
