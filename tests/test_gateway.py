@@ -17,7 +17,7 @@ from maitred.gateway.app import Gateway, ServeConfig, build_app
 from maitred.gateway.guard import HTTPProblem
 from maitred.gateway.loop import LiveConfig, LiveDriver
 from maitred.gateway.programid import take_program_id
-from maitred.gateway.proxy import ProxyConfig
+from maitred.gateway.proxy_config import ProxyConfig
 from maitred.gateway.sglang.client import SGLangClient
 from maitred.harness.background import BackgroundServer, free_port
 from maitred.sim.worker.app import create_app

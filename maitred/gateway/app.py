@@ -25,7 +25,8 @@ from maitred.gateway.ingest import HookMapper, add_admin_routes
 from maitred.gateway.loop import LiveConfig, LiveDriver
 from maitred.gateway.metrics import Metrics
 from maitred.gateway.origin import LOOPBACK_HOSTS, OriginGuard
-from maitred.gateway.proxy import Proxy, ProxyConfig, add_proxy_routes
+from maitred.gateway.proxy import Proxy, add_proxy_routes
+from maitred.gateway.proxy_config import ProxyConfig
 from maitred.gateway.sglang.client import SGLangClient
 from maitred.gateway.store_writer import StoreWriter
 from maitred.gateway.trust import Tokens

@@ -183,7 +183,7 @@ _GENERATE = frozenset(
     }
 )
 
-#: The allow-list of each model route, by its name (``proxy.ENDPOINTS``).
+#: The allow-list of each model route, by its name (``model_routes.ENDPOINTS``).
 ALLOWED: Mapping[str, frozenset[str]] = {
     "chat": _OPENAI_CHAT | _SGLANG_SAMPLING,
     "completions": _OPENAI_COMPLETIONS | _SGLANG_SAMPLING,

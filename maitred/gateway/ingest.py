@@ -25,10 +25,11 @@ from starlette.responses import Response
 
 from maitred.events import Batch, Event, EventError, LLMStart, Rejected, decode_event, loads_batch
 from maitred.gateway.guard import ClientGone, HTTPProblem, parse_json_object, read_body
-from maitred.gateway.loop import LiveDriver, NoWorkerAvailable
+from maitred.gateway.loop import LiveDriver
 from maitred.gateway.metrics import CONTENT_TYPE
 from maitred.gateway.offload import INLINE_BYTES, ingest_in_slices, off_loop
 from maitred.gateway.trust import OPEN, Scope, Tokens
+from maitred.gateway.worker_poll import NoWorkerAvailable
 from maitred.runtime.history import DurationStats
 
 log = logging.getLogger("maitred.service")

@@ -23,7 +23,7 @@ class LiveConfig:
     busy_margin: float = SignalConfig().busy_margin  # maitred's GPU-tier sizing (tiering.py)
     overcommit_headroom: float = SignalConfig().overcommit_headroom
     prompts: PromptLimits = field(default_factory=PromptLimits)  # what is kept of prompts for warmups
-    #: re-sent events recognised among the last this many ingested (``loop.RecentKeys``; 0: off);
+    #: re-sent events recognised among the last this many ingested (``recent_keys.RecentKeys``; 0: off);
     #: about 150 bytes each, so the default costs some 15 MB at most
     recent_event_keys: int = 100_000
 

@@ -4,7 +4,11 @@
 asyncio event loop, so no lock is needed. Every rule — admission at arrival, holding and
 forced admission, priorities, which warmups to send, the plan re-check — is the core's
 (``maitred/runtime/core.py``), which the replay drives the same way in virtual time; this module
-only keeps time, holds the requests (futures), talks to the workers and counts metrics.
+only keeps time, holds the requests (futures), talks to the workers and counts metrics. Parts
+of it live beside it, as mixins of ``LiveDriver``: restoring a previous run at start
+(``restore``), polling the workers (``worker_poll``), sending warmups (``warmups``) and the
+programs as ``GET /v1/programs`` shows them (``program_view``); re-sent events are recognised
+by ``recent_keys``.
 
 A scheduler step runs on the policy's cadence (``Cadence.period_s``) and, for policies that
 have one, ``urgent_s`` after a request is held or a handoff arrives. The state is snapshotted on
@@ -18,72 +22,34 @@ import asyncio
 import logging
 import time
 import uuid
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
 
-import httpx
-
-from maitred.events import Event, Handoff, LLMEnd, LLMStart, ProgramEnd, ToolEnd
+from maitred.events import Event, Handoff, LLMEnd, ProgramEnd, ToolEnd
 from maitred.gateway.health import WorkerWatch
 from maitred.gateway.live_config import LiveConfig
 from maitred.gateway.metrics import Metrics, Tally, program_counts
-from maitred.gateway.prompt_keep import Prompt, PromptKeep, prompt_bytes
-from maitred.gateway.sglang.client import SGLangClient, WorkerProtocolError
+from maitred.gateway.program_view import ProgramView
+from maitred.gateway.prompt_keep import PromptKeep
+from maitred.gateway.recent_keys import RecentKeys
+from maitred.gateway.restore import GATEWAY_REQUEST_PREFIX, RestoreAtStart
+from maitred.gateway.sglang.client import SGLangClient
 from maitred.gateway.store_writer import StoreWriter
 from maitred.gateway.usage import PromptSize
+from maitred.gateway.warmups import WarmupSender
+from maitred.gateway.worker_poll import NoWorkerAvailable, WorkerPolling
 from maitred.runtime.claims import believable, clamp_tokens, token_limit
 from maitred.runtime.core import CoreConfig, Plan, RuntimeCore, StepResult
-from maitred.runtime.decisions import Decision, Warmup
-from maitred.runtime.records import Phase, SignalConfig, Tier, WorkerState
+from maitred.runtime.decisions import Decision
+from maitred.runtime.records import SignalConfig, WorkerState
 from maitred.runtime.state import RuntimeState, Snapshot
-from maitred.storage.fold import keyed
 
 log = logging.getLogger("maitred.service")
 
-#: Request ids the gateway gives the model requests it proxies.
-GATEWAY_REQUEST_PREFIX = "gw-"
 #: Distinct tool names given their own label in the duration histogram; the rest share "other".
 MAX_TOOL_LABELS = 200
-
-
-class NoWorkerAvailable(RuntimeError):
-    """Every worker is down: the request cannot be served (the gateway answers 503)."""
-
-
-class RecentKeys:
-    """The idempotency keys of the last ``capacity`` events the runtime took (the store's
-    ``event_key``), so a batch sent again — the HTTP sink retries after a timeout, a hook
-    re-posts — moves the live state once, as the store stores it once. Bounded: a copy
-    re-sent after ``capacity`` newer events counts again in the live state (never in the store)."""
-
-    def __init__(self, capacity: int) -> None:
-        if capacity < 0:
-            raise ValueError(f"capacity must be >= 0, got {capacity!r}")
-        self.capacity = capacity
-        self._keys: OrderedDict[str, None] = OrderedDict()
-
-    def fresh(self, events: Iterable[Event]) -> list[Event]:
-        """The events not seen among the recent ones (each remembered from now on); an event
-        that cannot be keyed (a value JSON cannot hold: the store refuses it) is passed on."""
-        if self.capacity == 0:
-            return list(events)
-        out, keys = [], self._keys
-        for e in events:
-            try:
-                key, _ = keyed(e)
-            except (TypeError, ValueError, RecursionError):
-                out.append(e)
-                continue
-            if key in keys:
-                continue
-            keys[key] = None
-            out.append(e)
-        while len(keys) > self.capacity:
-            keys.popitem(last=False)
-        return out
 
 
 @dataclass(slots=True)
@@ -100,7 +66,7 @@ class _Held:
 
 
 @dataclass
-class LiveDriver:
+class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
     backends: Mapping[str, SGLangClient]
     cfg: LiveConfig = field(default_factory=LiveConfig)
     metrics: Metrics = field(default_factory=Metrics)
@@ -177,66 +143,6 @@ class LiveDriver:
                 if not h.future.done():
                     h.future.cancel()
         self._executor.shutdown(wait=True, cancel_futures=True)
-
-    def seed(self, rows: Iterable[Any], signature_rows: Iterable[Any] = ()) -> None:
-        """Tool statistics from the store, so readiness predicts from the first call."""
-        self.state.seed_history(rows)
-        self.state.seed_history(signature_rows, signatures=True)
-
-    def restore(self, events: list[Event]) -> int:
-        """Rebuild the programs of a previous run from their stored events (``RuntimeState.restore``
-        says how and why). A model request this gateway was proxying when it stopped died with
-        it: its ``llm.end`` (cancelled) is stored now, and the program is no longer reasoning.
-        The replayed events' keys are remembered, so a client re-sending them is not counted
-        again. Returns the number of programs restored."""
-        self.recent.fresh(events)
-        open_requests = {e.program_id: e.request_id for e in events if isinstance(e, LLMStart)}
-        restored = self.state.restore(events)
-        now = self.clock()
-        for pid in restored:
-            request_id = open_requests.get(pid, "")
-            if self.state.programs[pid].phase is Phase.REASONING and request_id.startswith(GATEWAY_REQUEST_PREFIX):
-                event = self.core.abandon(pid, now, request_id=request_id)
-                if event is not None and self.writer is not None:
-                    self.writer.submit([event])
-        if restored:
-            homeless = sum(self.state.programs[pid].home_worker is None for pid in restored)
-            log.info("maitred: %d programs restored from the store (%d without a configured worker)", len(restored), homeless)
-            self.kick()
-        return len(restored)
-
-    # -- workers --------------------------------------------------------------------------------
-
-    def worker_failed(self, url: str, *, reason: str) -> None:
-        """``url`` is down (a request to it failed): see ``WorkerWatch.failed``."""
-        self.watch.failed(url, reason=reason)
-
-    async def _poll_loop(self) -> None:
-        last_sweep = self.clock()
-        while True:
-            await asyncio.sleep(self.cfg.poll_s)
-            try:
-                await self.watch.check_all()
-                now = self.clock()
-                if now - last_sweep >= min(60.0, self.cfg.program_ttl_s):
-                    last_sweep = now
-                    self._forget_silent(now)
-            except Exception:
-                log.exception("maitred: worker polling failed")
-
-    def _forget_silent(self, now: float) -> None:
-        stale = [
-            pid
-            for pid, p in self.state.programs.items()
-            if now - p.phase_since > self.cfg.program_ttl_s and pid not in self._held
-        ]
-        for pid in stale:
-            self._end(pid, now)
-
-    def no_worker(self) -> NoWorkerAvailable:
-        """Why no worker can take a request, naming the workers that do not answer."""
-        down = [url for url, w in self.state.workers.items() if not w.healthy]
-        return NoWorkerAvailable("no healthy worker" + (f" (not answering: {', '.join(down)})" if down else ""))
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -333,32 +239,9 @@ class LiveDriver:
                 if not h.future.done():
                     h.future.set_result(worker)
 
-    def remember_prompt(self, program_id: str, prompt: Prompt, size: PromptSize | None = None) -> None:
-        """The last prompt of a program: what a warmup replays (chat messages are rendered by the
-        worker's own chat template, ``/v1/tokenize``, when the warmup is sent). Kept only when a
-        warmup can use it (warmups on, and a policy that proposes them), and within
-        ``LiveConfig.prompts``: a program whose prompt is too large, or was evicted to make room,
-        gets no warmup (the core is told, so its warmups take no slot)."""
-        if not self.core.warms:
-            return
-        for dropped in self.warm_prompts.put(program_id, prompt, prompt_bytes(prompt, size)):
-            self.core.prompt_dropped(dropped)
-        if program_id in self.warm_prompts:
-            self.core.prompt_seen(program_id)
-
-    def forget_prompt(self, program_id: str) -> None:
-        """The request whose prompt was kept was refused (by the worker, or the client left):
-        its prompt is not one the worker holds, so no warmup replays it."""
-        if self.warm_prompts.pop(program_id):
-            self.core.prompt_dropped(program_id)
-
     def priority_for(self, program_id: str, worker: str) -> int | None:
         """SGLang request priority for ``--radix-eviction-policy priority``, or None when off (the core's encoding)."""
         return self.core.priority_for(program_id, worker, self.clock())
-
-    @property
-    def ratchet(self) -> dict[str, dict[str, int]]:
-        return self.core.ratchet
 
     def chars_per_token(self, program_id: str) -> float | None:
         """``program_id``'s characters per token, learned from its answers (None until one came)."""
@@ -571,86 +454,3 @@ class LiveDriver:
             del self._handoff_prompts[pid]
         for warmup in result.warmups:
             self._start_warmup(warmup)
-
-    def _start_warmup(self, warmup: Warmup) -> None:
-        """A handoff's consumer is warmed with the prompt the handoff said it will send
-        (``expected_prompt``, LOCAL's API); other warmups replay the program's last prompt.
-        The policy admits only warmups whose prompt is held here (``Prompts.sendable``)."""
-        prompt: Prompt | None = (
-            self._handoff_prompts.get(warmup.program_id) if warmup.kind == "handoff" else self.warm_prompts.get(warmup.program_id)
-        )
-        if prompt is None or warmup.worker not in self.backends:
-            self.metrics.warmups.labels("skipped").inc()
-            return
-        self.core.warming(warmup.program_id, True)
-        self._warming[warmup.program_id] = asyncio.create_task(self._warm(warmup, prompt))
-
-    async def _warm(self, warmup: Warmup, prompt: Prompt) -> None:
-        worker = self.state.workers[warmup.worker]
-        backend = self.backends[warmup.worker]
-        worker.warmups_in_flight += 1
-        outcome = "failed"
-        try:
-            if isinstance(prompt, tuple):  # chat: rendered by the worker's own template
-                messages, tools = prompt
-                prompt = await backend.tokenize(messages, tools=tools)
-            await backend.warmup(prompt, priority=self.priority_for(warmup.program_id, warmup.worker))
-            outcome = "done"
-            if warmup.kind == "handoff":
-                self._handoff_prompts.pop(warmup.program_id, None)
-                self.core.handoff_warmed(warmup.program_id)
-            elif warmup.kind == "load_back" and self.state.programs.get(warmup.program_id) is not None:
-                self.kick()
-        except asyncio.CancelledError:
-            outcome = "overtaken"
-            raise
-        except (httpx.HTTPError, WorkerProtocolError) as exc:
-            log.info("maitred: warmup of %s on %s failed: %s", warmup.program_id, warmup.worker, exc)
-        finally:
-            worker.warmups_in_flight -= 1
-            self.core.warming(warmup.program_id, False)
-            self.metrics.warmups.labels(outcome).inc()
-            if self._warming.get(warmup.program_id) is asyncio.current_task():
-                del self._warming[warmup.program_id]
-
-    # -- introspection --------------------------------------------------------------------------
-
-    def describe(self, program_ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
-        """Programs as ``GET /v1/programs`` shows them (SPEC 7.5 fields, and a few more)."""
-        now = self.clock()
-        state = self.state
-        ids = list(state.programs) if program_ids is None else [pid for pid in program_ids if pid in state.programs]
-        out = []
-        for pid in ids:
-            p = state.programs[pid]
-            signals = state.signals_of(p, now)
-            last_prompt, last_cached = self.last_usage.get(pid, (None, None))
-            out.append(
-                {
-                    "program_id": pid,
-                    "agent": p.agent,
-                    "phase": p.phase.value,
-                    "tier": p.tier.value,
-                    "worker": p.home_worker,
-                    "context_tokens": p.context_tokens,
-                    "idleness": round(signals.idleness, 4),
-                    "readiness": signals.readiness.r,
-                    "readiness_source": signals.readiness.source,
-                    "predicted_tool_end": signals.readiness.predicted_end,
-                    "tool": None
-                    if p.tool is None
-                    else {
-                        "call_id": p.tool.call_id,
-                        "tool": p.tool.tool,
-                        "signature": p.tool.signature,
-                        "started": p.tool.started,
-                    },
-                    "held": pid in self._held,
-                    "last_prompt_tokens": last_prompt,
-                    "last_cached_tokens": last_cached,
-                    "priority": None if p.home_worker is None else self.ratchet.get(pid, {}).get(p.home_worker),
-                    "cached": {k[0]: {"tokens": r.tokens, "observed_at": r.observed_at} for k, r in p.residency.items()},
-                    "gpu_tier": p.tier is Tier.GPU,
-                }
-            )
-        return out

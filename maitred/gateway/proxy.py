@@ -30,103 +30,41 @@ gateway's whole 1 ms added-latency budget.
 """
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 import orjson
 from fastapi import FastAPI, Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.types import Receive
 
 from maitred.events import name_problem
 from maitred.gateway.anthropic import check_anthropic_body
+from maitred.gateway.client_gone import unless_gone
 from maitred.gateway.fields import screen_fields
-from maitred.gateway.guard import ANTHROPIC_KINDS, ClientGone, HTTPProblem, error_response, parse_json_object, read_body
+from maitred.gateway.guard import ClientGone, HTTPProblem, error_response, parse_json_object, read_body
 from maitred.gateway.loop import LiveDriver, NoWorkerAvailable
+from maitred.gateway.model_call import Call
+from maitred.gateway.model_routes import ENDPOINTS, Route, no_workers
 from maitred.gateway.models import list_models
 from maitred.gateway.offload import off_loop
 from maitred.gateway.oversize import check_fits
+from maitred.gateway.passthrough import WORKER_DOWN, Piped, Relay
 from maitred.gateway.programid import take_program_id
+from maitred.gateway.proxy_config import ProxyConfig
 from maitred.gateway.trust import OPEN, Scope, Tokens
-from maitred.gateway.usage import PromptSize, SSEUsage, Usage, prompt_size, usage_of, warm_prompt
+from maitred.gateway.usage import Usage, prompt_size, usage_of, warm_prompt
 
 log = logging.getLogger("maitred.service")
 
-#: Connection-level failures: the worker may be gone (not that the request was bad).
-WORKER_DOWN = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 JSON = {"content-type": "application/json"}
 #: Names the body fields a request had that were not forwarded (``maitred.gateway.fields``).
 DROPPED_HEADER = "x-maitred-dropped-fields"
-T = TypeVar("T")
 #: After the shutdown timeout, how long the requests ended then get to send their error.
 CUT_GRACE_S = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """One model route: its name (the metrics label), the API it speaks, and whether it
-    generates (admitted, accounted) or only asks (``count_tokens``: passed to a worker as is)."""
-
-    name: str
-    api: str  # "openai", "anthropic", "responses" or "sglang"
-    generates: bool = True
-
-    @property
-    def anthropic(self) -> bool:
-        return self.api == "anthropic"
-
-
-ENDPOINTS = {
-    "/v1/chat/completions": Route("chat", "openai"),
-    "/v1/completions": Route("completions", "openai"),
-    "/v1/responses": Route("responses", "responses"),
-    "/v1/messages": Route("messages", "anthropic"),
-    "/v1/messages/count_tokens": Route("count_tokens", "anthropic", generates=False),
-    "/generate": Route("generate", "sglang"),
-}
-#: The event after which a stream of each API has told its usage (the proxy records it then,
-#: before the client sees the end).
-STREAM_END = {
-    "openai": b"data: [DONE]",
-    "sglang": b"data: [DONE]",
-    "anthropic": b"event: message_stop",
-    "responses": b"event: response.completed",
-}
-
-
-@dataclass(frozen=True, slots=True)
-class ProxyConfig:
-    max_body_bytes: int = 32 << 20  # parsing one holds the interpreter ~2 ms per MB (maitred.gateway.offload)
-    request_timeout_s: float = 600.0  # a long generation is not a failure; this bounds a hung worker
-    max_attempts: int = 3  # sends of one request (a worker died under it: try another)
-    forward_unknown_fields: bool = False  # forward body fields off the route's allow-list (``fields``)
-
-
-@dataclass(slots=True)
-class _Call:
-    """One client request on its way through."""
-
-    route: Route
-    path: str
-    body: dict[str, Any]
-    raw: bytes
-    changed: bool
-    program_id: str
-    anonymous: bool
-    stream: bool
-    request_id: str
-    injected_usage: bool = False
-    size: PromptSize | None = None
-    dropped: tuple[str, ...] = ()  # body fields not forwarded (``fields.screen_fields``)
-
-    @property
-    def endpoint(self) -> str:
-        return self.route.name
 
 
 class Proxy:
@@ -137,7 +75,7 @@ class Proxy:
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._requests: set[asyncio.Task[Any]] = set()  # handlers running (not yet streaming)
-        self._pipes: set[_Piped] = set()  # streams being passed through
+        self._pipes: set[Piped] = set()  # streams being passed through
         self._cut: str | None = None  # why the requests still running are being ended (shutdown)
 
     async def start(self) -> None:
@@ -178,7 +116,7 @@ class Proxy:
     async def drain(self, timeout_s: float, *, forced: Callable[[], bool] = lambda: False) -> int:
         """Graceful shutdown: from now on new model requests answer 503; those in flight get
         ``timeout_s`` to finish (``forced``: stop waiting at once, a second signal), then each
-        one left is ended cleanly (``handle``, ``_Piped.cut``) rather than cancelled with a
+        one left is ended cleanly (``handle``, ``Piped.cut``) rather than cancelled with a
         traceback. Returns how many were ended so."""
         self.runtime.shutting_down = True
         deadline = time.monotonic() + timeout_s
@@ -221,7 +159,7 @@ class Proxy:
         task = asyncio.current_task()
         assert task is not None
         self._requests.add(task)
-        call: _Call | None = None
+        call: Call | None = None
         try:
             scope = self.tokens.scope_of(request)  # before the body is read: 32 MB is not read for nobody
             raw = await read_body(request, self.cfg.max_body_bytes)
@@ -257,7 +195,7 @@ class Proxy:
         finally:
             self._requests.discard(task)
 
-    def _prepare(self, route: Route, path: str, body: dict[str, Any], raw: bytes, request: Request, scope: Scope) -> _Call:
+    def _prepare(self, route: Route, path: str, body: dict[str, Any], raw: bytes, request: Request, scope: Scope) -> Call:
         if route.anthropic:
             check_anthropic_body(body, counting=not route.generates)
         program_id, changed = take_program_id(body, request.headers)
@@ -273,7 +211,7 @@ class Proxy:
         if not isinstance(stream, bool):
             raise HTTPProblem(400, f"stream: expected true or false, got {stream!r}", field="stream")
         anonymous = program_id is None
-        call = _Call(
+        call = Call(
             route,
             path,
             body,
@@ -292,7 +230,7 @@ class Proxy:
                 call.injected_usage = call.changed = True
         return call
 
-    async def _send(self, call: _Call, receive: Receive) -> Response:
+    async def _send(self, call: Call, receive: Receive) -> Response:
         runtime, body = self.runtime, call.body
         model = body.get("model") if isinstance(body.get("model"), str) else None
         size = call.size = await off_loop(lambda: prompt_size(body), len(call.raw))
@@ -308,11 +246,11 @@ class Proxy:
             runtime.forget_prompt(call.program_id)  # never sent, or cut short: no worker holds it
             raise
 
-    async def _attempts(self, call: _Call, model: str | None, estimate: int | None, receive: Receive) -> Response:
+    async def _attempts(self, call: Call, model: str | None, estimate: int | None, receive: Receive) -> Response:
         """Send ``call`` to its program's worker, again elsewhere when a worker dies under it."""
         runtime, body = self.runtime, call.body
         for attempt in range(self.cfg.max_attempts):
-            admission = await _unless_gone(
+            admission = await unless_gone(
                 runtime.admit(
                     call.program_id,
                     request_id=call.request_id,
@@ -336,7 +274,7 @@ class Proxy:
             try:
                 if call.stream:
                     return await self._stream(call, worker, url, content, started, receive)
-                status, payload, media_type = await _unless_gone(self._post(url, content), receive)
+                status, payload, media_type = await unless_gone(self._post(url, content), receive)
             except ClientGone:  # the client left: its connection to the worker was closed, which aborts it there
                 self._finish(call, worker, Usage(), None, ok=False)
                 raise
@@ -383,7 +321,7 @@ class Proxy:
                 raise
             return response.status, payload, response.headers.get("content-type", "application/json")
 
-    async def _ask(self, call: _Call) -> Response:
+    async def _ask(self, call: Call) -> Response:
         """A request that generates nothing (``count_tokens``): to the program's worker when it
         has one that is up, else to any worker that is up; no admission, nothing accounted."""
         workers = self.runtime.state.workers
@@ -406,7 +344,7 @@ class Proxy:
         self.runtime.metrics.requests.labels(call.endpoint, "ok" if status == 200 else f"worker_{status}").inc()
         return Response(payload, status_code=status, media_type=media_type)
 
-    async def _lost(self, call: _Call, worker: str, exc: Exception, attempt: int) -> None:
+    async def _lost(self, call: Call, worker: str, exc: Exception, attempt: int) -> None:
         """The connection to ``worker`` failed. Refused: the worker is down. Dropped: it may
         be down, or it closed an idle keep-alive connection just as the request went out (a
         benign race); its health check tells which, and only a failed one re-places programs."""
@@ -422,7 +360,7 @@ class Proxy:
         log.warning("maitred: %s to %s failed (%s: %s); attempt %d", call.endpoint, worker, type(exc).__name__, exc, attempt + 1)
         self.runtime.worker_failed(worker, reason=type(exc).__name__)
 
-    def _finish(self, call: _Call, worker: str, usage: Usage, ttft_s: float | None, *, ok: bool) -> None:
+    def _finish(self, call: Call, worker: str, usage: Usage, ttft_s: float | None, *, ok: bool) -> None:
         self.runtime.completed(
             call.program_id,
             request_id=call.request_id,
@@ -438,7 +376,7 @@ class Proxy:
         if call.anonymous:
             self.runtime.end_anonymous(call.program_id)
 
-    async def _stream(self, call: _Call, worker: str, url: str, content: bytes, started: float, receive: Receive) -> Response:
+    async def _stream(self, call: Call, worker: str, url: str, content: bytes, started: float, receive: Receive) -> Response:
         """Open the worker's stream and wait for its first chunk before answering, so a worker
         that is gone is still retried elsewhere; then pass the chunks through. A client that
         leaves before the first chunk closes the worker's connection too (SGLang aborts then)."""
@@ -452,7 +390,7 @@ class Proxy:
                 runtime.inflight[worker] -= 1
 
         try:
-            upstream = await _unless_gone(self.session.post(url, data=content, headers=JSON), receive)
+            upstream = await unless_gone(self.session.post(url, data=content, headers=JSON), receive)
         except BaseException:
             release()
             raise
@@ -470,136 +408,16 @@ class Proxy:
             )
         chunks = upstream.content.iter_any()
         try:
-            first = await _unless_gone(anext(chunks, b""), receive)
+            first = await unless_gone(anext(chunks, b""), receive)
         except BaseException:
             upstream.close()
             release()
             raise
-        piped = _Piped(self, call, worker, upstream, release, time.perf_counter() - started)
+        piped = Piped(self, call, worker, upstream, release, time.perf_counter() - started)
         self._pipes.add(piped)
-        return _Relay(
+        return Relay(
             piped.relay(first, chunks), on_close=piped.close, media_type=upstream.headers.get("content-type", "text/event-stream")
         )
-
-
-class GatewayStopping(Exception):
-    """The gateway is shutting down and ends a stream still running (``Proxy.drain``)."""
-
-
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _unless_gone(awaiting: Awaitable[T], receive: Receive) -> T:
-    """What ``awaiting`` gives, unless the client leaves first (then it is cancelled and
-    ``ClientGone`` raised): a held request whose client is gone is dropped (its program stops
-    wanting the GPU, ``LiveDriver.admit``) instead of being sent to a worker when its hold ends,
-    and a request the worker is answering is cut off there. What finishes at once pays one pass
-    of the event loop."""
-    task = asyncio.ensure_future(awaiting)
-    await asyncio.sleep(0)
-    if task.done():
-        return task.result()
-    watcher = asyncio.ensure_future(_disconnected(receive))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        task.cancel()  # the request itself is ended (shutdown): so is its wait for admission
-        raise
-    finally:
-        watcher.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    raise ClientGone
-
-
-class _Piped:
-    """One worker stream passed through to the client: its usage is read on the way and recorded
-    once, before the client sees the end (so whatever the client does next finds it there), or
-    when the stream breaks or the client leaves."""
-
-    def __init__(
-        self, proxy: "Proxy", call: _Call, worker: str, upstream: aiohttp.ClientResponse, release: Callable[[], None], ttft: float
-    ) -> None:
-        self.proxy, self.call, self.worker, self.upstream, self.release, self.ttft = proxy, call, worker, upstream, release, ttft
-        self.scanner = SSEUsage(drop_usage_only=call.injected_usage)
-        self.end = STREAM_END[call.route.api]
-        self.ok, self.recorded = True, False
-
-    def record(self) -> None:
-        if not self.recorded:
-            self.recorded = True
-            self.proxy._finish(self.call, self.worker, self.scanner.settle(), self.ttft, ok=self.ok)
-            self.proxy.runtime.metrics.requests.labels(self.call.endpoint, "ok" if self.ok else "broken_stream").inc()
-
-    async def relay(self, first: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-        scanner = self.scanner
-        try:
-            out = scanner.feed(first)
-            if out:
-                yield out
-            async for chunk in chunks:
-                out = scanner.feed(chunk)
-                if out:
-                    if self.end in out:
-                        self.record()
-                    yield out
-            rest = scanner.finish()
-            self.record()
-            if rest:
-                yield rest
-        except GatewayStopping as exc:
-            self.ok = False
-            self.record()
-            yield broken_stream_event(self.call.route.api, str(exc), kind="service_unavailable")
-        except (TimeoutError, *WORKER_DOWN) as exc:
-            yield self._broken(exc)
-
-    def cut(self, text: str) -> None:
-        """End the stream at shutdown: the read it waits on raises ``GatewayStopping`` and the
-        relay sends the stream's error event (``relay``); the worker sees the disconnect."""
-        self.upstream.content.set_exception(GatewayStopping(text))
-
-    def _broken(self, exc: BaseException) -> bytes:
-        """The stream's last event when the worker failed or timed out under it."""
-        self.ok = False
-        if isinstance(exc, TimeoutError):
-            text = f"worker {self.worker} did not finish within {self.proxy.cfg.request_timeout_s:.0f} s"
-        else:
-            self.proxy.runtime.worker_failed(self.worker, reason=type(exc).__name__)
-            text = f"worker {self.worker} failed mid-stream ({type(exc).__name__}); the stream cannot be resumed"
-        self.record()
-        return broken_stream_event(self.call.route.api, text)
-
-    async def close(self) -> None:
-        self.proxy._pipes.discard(self)
-        if self.ok and self.upstream.content.at_eof():
-            self.upstream.release()  # read to the end: the connection goes back to the pool
-        else:
-            self.upstream.close()  # cut short: the worker sees the disconnect and aborts the request
-        self.release()
-        if not self.recorded:  # the client went away mid-stream
-            self.ok = False
-            self.record()
-
-
-class _Relay(StreamingResponse):
-    """A streaming response that always runs ``on_close`` — also when the client goes away
-    mid-stream (Starlette skips the background task then), so no upstream connection leaks."""
-
-    def __init__(self, content: AsyncIterator[bytes], *, on_close: Any, media_type: str) -> None:
-        super().__init__(content, media_type=media_type)
-        self._on_close = on_close
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._on_close()
 
 
 def _json(content: bytes) -> Any:
@@ -607,29 +425,6 @@ def _json(content: bytes) -> Any:
         return orjson.loads(content)
     except orjson.JSONDecodeError:
         return None
-
-
-def broken_stream_event(api: str, text: str, *, kind: str = "worker_failed") -> bytes:
-    """The last event of a stream cut short (its worker failed under it, or the gateway shut
-    down), in the stream's own API."""
-    if api == "anthropic":
-        error = {"type": ANTHROPIC_KINDS.get(kind, "api_error"), "message": text}
-        return b"event: error\ndata: " + orjson.dumps({"type": "error", "error": error}) + b"\n\n"
-    if api == "responses":
-        return b"event: error\ndata: " + orjson.dumps({"type": "error", "code": kind, "message": text}) + b"\n\n"
-    return b"data: " + orjson.dumps({"error": {"message": text, "type": kind}}) + b"\n\ndata: [DONE]\n\n"
-
-
-NO_WORKERS = (
-    "this gateway runs without workers (telemetry only: hooks, events, programs, statistics and metrics); "
-    "start it with --worker URL to serve models"
-)
-
-
-async def no_workers(request: Request) -> Response:
-    """Every model route of a gateway started without workers."""
-    route = ENDPOINTS.get(request.url.path)
-    return error_response(503, NO_WORKERS, kind="no_workers", anthropic=route is not None and route.anthropic)
 
 
 def add_proxy_routes(app: FastAPI, proxy: Proxy | None) -> None:

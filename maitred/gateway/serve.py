@@ -269,7 +269,7 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
     from maitred.gateway.app import ServeConfig
     from maitred.gateway.origin import default_allowed_hosts
     from maitred.gateway.prompt_keep import PromptLimits
-    from maitred.gateway.proxy import ProxyConfig
+    from maitred.gateway.proxy_config import ProxyConfig
     from maitred.gateway.trust import Tokens, check_token_text
 
     token = args.token if args.token is not None else os.environ.get("MAITRED_TOKEN") or None

@@ -18,7 +18,8 @@ import pytest
 
 from maitred.gateway.app import Gateway, ServeConfig, build_app
 from maitred.gateway.loop import LiveConfig
-from maitred.gateway.proxy import DROPPED_HEADER, ProxyConfig
+from maitred.gateway.proxy import DROPPED_HEADER
+from maitred.gateway.proxy_config import ProxyConfig
 from maitred.gateway.serve import main as serve_main
 from maitred.gateway.trust import Tokens
 from maitred.harness.background import BackgroundServer
