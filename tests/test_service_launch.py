@@ -191,6 +191,7 @@ def test_serve_launches_sglang_routes_to_it_and_takes_it_down_with_itself(standi
         (["--policy", "fifo", "--worker", "http://127.0.0.1:1"], "--policy"),
         (["--tick", "nan", "--worker", "http://127.0.0.1:1"], "--tick"),
         (["--hold-timeout", "-1", "--worker", "http://127.0.0.1:1"], "--hold-timeout"),
+        (["--program-ttl", "0", "--worker", "http://127.0.0.1:1"], "--program-ttl"),
         (["--busy-margin", "0", "--worker", "http://127.0.0.1:1"], "--busy-margin"),
         (["--busy-margin", "1.5", "--worker", "http://127.0.0.1:1"], "--busy-margin"),
         (["--overcommit-headroom", "-0.1", "--worker", "http://127.0.0.1:1"], "--overcommit-headroom"),
@@ -242,3 +243,15 @@ def test_serve_passes_the_tier_sizing_flags_to_the_runtime_state():
     config = _config(args, args.worker)
     cfg = LiveDriver({}, config.runtime).state.cfg
     assert (cfg.busy_margin, cfg.overcommit_headroom) == (0.8, 0.0)
+
+
+def test_serve_passes_the_program_ttl_to_the_runtime():
+    """``--program-ttl``: how long a program without news or ``program.end`` is kept live."""
+    from maitred.gateway.serve import _config, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    default = parser.parse_args(["--worker", "http://127.0.0.1:1", "--no-db"])
+    assert _config(default, default.worker).runtime.program_ttl_s == 3600.0
+    args = parser.parse_args(["--worker", "http://127.0.0.1:1", "--no-db", "--program-ttl", "90"])
+    assert _config(args, args.worker).runtime.program_ttl_s == 90.0

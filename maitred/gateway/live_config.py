@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 from maitred.gateway.prompt_keep import PromptLimits
 from maitred.runtime.records import SignalConfig
 
+#: A program that sends no news for this long, and no ``program.end``, is forgotten by the
+#: gateway (``maitred serve --program-ttl``); the store keeps it.
+PROGRAM_TTL_S = 3600.0
+
 
 @dataclass(frozen=True, slots=True)
 class LiveConfig:
@@ -19,7 +23,7 @@ class LiveConfig:
     priority_epoch_s: float = 10.0  # see maitred.runtime.admission.encode_priority
     warmups: bool = True
     journal: bool = False  # keep the core's decisions for GET /v1/journal
-    program_ttl_s: float = 3600.0  # programs silent this long are forgotten (no program.end came)
+    program_ttl_s: float = PROGRAM_TTL_S  # programs silent this long are forgotten (no program.end came)
     busy_margin: float = SignalConfig().busy_margin  # maitred's GPU-tier sizing (tiering.py)
     overcommit_headroom: float = SignalConfig().overcommit_headroom
     prompts: PromptLimits = field(default_factory=PromptLimits)  # what is kept of prompts for warmups

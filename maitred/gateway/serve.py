@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from maitred.bind import KEEP_ALIVE_S, check_bindable
 from maitred.flags import bounded, port, positive, seconds, whole
-from maitred.gateway.live_config import LiveConfig
+from maitred.gateway.live_config import PROGRAM_TTL_S, LiveConfig
 from maitred.runtime.admission import HOLD_TIMEOUT_S
 from maitred.runtime.records import SignalConfig
 
@@ -152,6 +152,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="longest a request is held before it is let through anyway (default: the policy's: "
         f"{HOLD_TIMEOUT_S:g} s, ThunderAgent's, for every policy; keep it under "
         "your clients' request timeout)",
+    )
+    parser.add_argument(
+        "--program-ttl",
+        type=seconds,
+        default=PROGRAM_TTL_S,
+        help="forget a program that has sent no news for this long without a program.end "
+        f"(default: {PROGRAM_TTL_S:g} s; the store keeps it)",
     )
     parser.add_argument(
         "--journal",
@@ -300,6 +307,7 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
         policy=args.policy,
         tick_s=args.tick,
         hold_timeout_s=args.hold_timeout,
+        program_ttl_s=args.program_ttl,
         priority=args.priority or bool(args.launch_sglang),
         warmups=not args.no_warmups,
         journal=args.journal,
