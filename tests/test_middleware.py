@@ -312,7 +312,7 @@ def _deep_attrs(levels: int) -> dict:
 
 
 def test_values_the_database_cannot_hold_are_refused_alone_and_the_calls_around_them_are_stored(db_url, caplog):
-    """Issue 7 item 1: attrs nested 300 deep, 10**20 and 3e9 tokens, a NUL byte in a tool name."""
+    """Hostile values: attrs nested 300 deep, 10**20 and 3e9 tokens, a NUL byte in a tool name."""
     maitred.configure(db_url=db_url, settings=EmitterSettings(interval_s=0.05))
 
     @maitred.tool

@@ -112,7 +112,11 @@ def run(args: argparse.Namespace) -> int:
     at = time.time()
     try:
         if args.print_settings:
-            sys.stdout.write(settings_json(http=args.runtime_url))
+            url = args.runtime_url
+            if url is not None and not url.startswith(("http://", "https://")):
+                _log(f"--runtime-url: expected a gateway's http(s):// base URL, got {url!r}")
+                return 2  # a person asked for settings; a hook event is never refused
+            sys.stdout.write(settings_json(http=url))
         elif args.deliver:
             os.nice(10)  # background delivery: the agent and its tools go first
             _deliver(_destination(args), args.timeout, foreground=False)

@@ -1,1 +1,1 @@
-"""Fault suite (issue 7): kill -9, closed and hanging ports, full disk, read-only and concurrent stores, fuzzed input."""
+"""Fault suite: kill -9, closed and hanging ports, full disk, read-only and concurrent stores, fuzzed input."""

@@ -1,6 +1,6 @@
 """kill -9 at every point of a process's first write to a new database (or to one a migration
 behind), and at random points of later batches: every later open works, the schema is whole,
-and every batch the store reported stored is there (issue 7, item 3)."""
+and every batch the store reported stored is there."""
 
 import random
 import signal

@@ -407,3 +407,9 @@ def test_the_hooks_fast_path_defaults_are_what_its_flags_parse_to():
     parser = argparse.ArgumentParser()
     claude_code_hook.add_arguments(parser)
     assert vars(parser.parse_args([])) == claude_code_hook._DEFAULTS
+
+
+def test_print_settings_refuses_a_runtime_url_that_is_not_http(spool_env):
+    done = hook("", "--print-settings", "--runtime-url", "ftp://host", env=spool_env)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert "--runtime-url" in done.stderr and "ftp://host" in done.stderr and "Traceback" not in done.stderr
