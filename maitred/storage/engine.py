@@ -3,6 +3,7 @@
 import os
 import re
 import socket
+import sqlite3
 import threading
 import time
 import weakref
@@ -22,6 +23,8 @@ _URL_HINT = "give a file path, sqlite:///PATH or postgresql+psycopg://USER@HOST/
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
 #: Connection option: open the next transaction with ``BEGIN IMMEDIATE`` (SQLite's write lock).
 IMMEDIATE = "maitred_begin_immediate"
+#: How long a SQLite connection waits for another process's lock before failing.
+SQLITE_BUSY_TIMEOUT_S = 30.0
 #: Every engine ``make_engine`` made that is still alive, for ``_after_fork``.
 _engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 
@@ -76,7 +79,7 @@ def make_engine(url: str, *, connect_timeout_s: float | None = None, echo: bool 
         if connect_timeout_s is not None:
             connect_args["connect_timeout"] = max(1, round(connect_timeout_s))
     else:
-        connect_args["timeout"] = 30.0
+        connect_args["timeout"] = SQLITE_BUSY_TIMEOUT_S
     try:
         engine = create_engine(parsed, connect_args=connect_args, echo=echo, pool_pre_ping=True)
     except ImportError as exc:  # a driver named in the URL that is not installed (psycopg2, asyncpg)
@@ -115,10 +118,33 @@ def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
     # (isolation_level=None plus our own BEGIN) makes DDL transactional like everything else.
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
+    _enter_wal(cursor)
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+
+
+def _enter_wal(cursor: Any) -> None:
+    """``PRAGMA journal_mode=WAL``, retried while another process holds the lock it needs.
+
+    Switching a new database to WAL takes an exclusive lock, and SQLite answers "database is
+    locked" at once instead of calling the busy handler when it judges that waiting could
+    deadlock (sqlite3_busy_handler: "the presence of a busy handler does not guarantee that it
+    will be invoked when there is lock contention"). Several processes opening a database that
+    nobody has created yet hit exactly that, so this waits out the same bound as the busy
+    timeout. A database already in WAL answers without any lock, so the loop costs nothing
+    after the first switch."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    delay = 0.002
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
 
 
 def _sqlite_begin(conn: Connection) -> None:

@@ -35,9 +35,10 @@ def test_concurrent_first_use_stores_every_event_once_and_quietly(fresh_db, tmp_
     start.set()  # all at once, onto a database nobody has created yet
     for process in processes:
         process.join(timeout=300)
-    assert [p.exitcode for p in processes] == [0] * WRITERS
+    errors = {n: (tmp_path / f"w{n}.err").read_text() for n in range(WRITERS)}
+    assert [p.exitcode for p in processes] == [0] * WRITERS, errors
     for n in range(WRITERS):
-        assert (tmp_path / f"w{n}.err").read_text() == ""
+        assert errors[n] == ""
         assert len(reported(tmp_path / f"w{n}.txt")[0]) == BATCHES
     expected = set()
     for batch in range(BATCHES):
