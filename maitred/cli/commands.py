@@ -151,12 +151,25 @@ def cmd_programs(args: argparse.Namespace) -> int:
     return 0
 
 
+#: At most this many programs of a family go into one ``timeline --perfetto`` file.
+PERFETTO_PROGRAMS = 1000
+
+
 def cmd_timeline(args: argparse.Namespace) -> int:
     with _open_history(args) as store:
         where = store.where
         timeline = store.program(args.program_id)
+        family = store.program_family(args.program_id, limit=PERFETTO_PROGRAMS) if args.perfetto and timeline else []
     if timeline is None:
         raise CliError(f"no program {args.program_id!r} in {where}")
+    if args.perfetto:
+        from maitred.perfetto import write_trace
+        from maitred.storage.perfetto import family_records
+
+        tracks, records = family_records(family)
+        with _writing("--perfetto", args.perfetto), open(args.perfetto, "w", encoding="utf-8") as out:
+            n = write_trace(out, tracks, records, about={"program_id": args.program_id, "database": where})
+        stderr_line("note", f"wrote {n} trace events of {len(family)} programs to {args.perfetto}")
     if args.png:
         from maitred.plots import timeline_png
 
@@ -274,7 +287,7 @@ def _report_skipped(name: str, skipped: Sequence[str]) -> None:
 def cmd_bench_replay(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from maitred.sim.bench import Matrix, run_matrix, write_outputs
+    from maitred.sim.bench import Matrix, perfetto_path, run_matrix, write_outputs
     from maitred.sim.profile import EngineProfile
     from maitred.sim.traces import load_trace
 
@@ -283,6 +296,9 @@ def cmd_bench_replay(args: argparse.Namespace) -> int:
     profile = EngineProfile.load(args.profile) if args.profile else EngineProfile()
     out = Path(args.out)
     _writable_folder("--out", out)
+    perfetto = Path(args.perfetto) if args.perfetto else None
+    if perfetto is not None:
+        _writable_folder("--perfetto", perfetto)
     matrix = Matrix(
         args.trace,
         args.policy,
@@ -312,11 +328,14 @@ def cmd_bench_replay(args: argparse.Namespace) -> int:
             profile,
             jobs=args.jobs,
             on_done=lambda r: bar.update(task, advance=1, description=f"{r['policy']} C={r['concurrency']}"),
+            perfetto=perfetto,
         )
     command = args.command_line
     with _writing("--out", out):
         for path in write_outputs(matrix, records, out, command):
             console.print(f"wrote {path}")
+    if perfetto is not None:
+        console.print(f"wrote {total} timelines to {perfetto}, e.g. {perfetto_path(perfetto, *matrix.configs()[0])}")
     return 0
 
 

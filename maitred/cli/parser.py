@@ -125,6 +125,11 @@ def _add_history(sub: Any) -> None:
     p.add_argument("program_id")
     _db_flag(p)
     p.add_argument("--png", help="also draw the timeline to this PNG file")
+    p.add_argument(
+        "--perfetto",
+        metavar="FILE",
+        help="also write the program and its child programs as Chrome/Perfetto trace-event JSON (open it in ui.perfetto.dev)",
+    )
     p.add_argument("--json", action="store_true")
 
     db = sub.add_parser("db", help="database schema").add_subparsers(dest="what", required=True, metavar="WHAT")
@@ -207,6 +212,12 @@ def _add_bench_replay(bench: Any) -> None:
     )
     p.add_argument("--jobs", type=whole(1), help="processes (default: all cores)")
     p.add_argument("--out", required=True, help="folder for results.json, report.md and the PNG plots")
+    p.add_argument(
+        "--perfetto",
+        metavar="DIR",
+        help="also write each run's timeline (programs, model and tool calls, handoffs, admissions, tier moves) "
+        "as Chrome/Perfetto trace-event JSON into this folder, one file per run",
+    )
 
 
 def _add_plugged(sub: Any) -> None:

@@ -272,6 +272,30 @@ def program_timeline(session: Session, program_id: str) -> ProgramTimeline | Non
     return ProgramTimeline(summary, spans, handoffs)
 
 
+def program_family(session: Session, program_id: str, *, limit: int) -> list[ProgramTimeline]:
+    """A program's timeline, then its descendants' (children by ``parent_program_id`` or by a
+    handoff's ``child_program_id``), breadth first, each child right after its siblings, at most
+    ``limit`` programs; empty for an unknown id. A cycle in the recorded links visits each once."""
+    root = program_timeline(session, program_id)
+    if root is None:
+        return []
+    family, seen, level = [root], {program_id}, [program_id]
+    while level and len(family) < limit:
+        by_parent = select(ProgramRow.program_id).where(ProgramRow.parent_program_id.in_(level))
+        by_handoff = select(HandoffRow.child_program_id).where(
+            HandoffRow.program_id.in_(level), HandoffRow.child_program_id.is_not(None)
+        )
+        children = sorted({*session.scalars(by_parent), *session.scalars(by_handoff)} - seen)
+        level = []
+        for child in children[: limit - len(family)]:
+            seen.add(child)
+            timeline = program_timeline(session, child)
+            if timeline is not None:
+                family.append(timeline)
+                level.append(child)
+    return family
+
+
 def _summary(session: Session, program_id: str) -> ProgramSummary | None:
     agent, started = _seen_agent_and_start()
     found = session.execute(select(ProgramRow, agent, started).where(ProgramRow.program_id == program_id)).first()

@@ -34,6 +34,7 @@ from maitred.storage.queries import (
     ProgramTimeline,
     Since,
     ToolStats,
+    program_family,
     program_summaries,
     program_timeline,
     to_epoch,
@@ -346,6 +347,12 @@ class SessionStore:
         """Everything recorded for one program, in time order; None for an unknown id."""
         with self._reading(), Session(self.engine) as session:
             return program_timeline(session, program_id)
+
+    def program_family(self, program_id: str, *, limit: int = 1000) -> list[ProgramTimeline]:
+        """The program's timeline, then its descendants' (at most ``limit`` programs in all);
+        empty for an unknown id."""
+        with self._reading(), Session(self.engine) as session:
+            return program_family(session, program_id, limit=limit)
 
     def events(self, program_id: str | None = None) -> list[dict[str, Any]]:
         """The raw event log (wire form), oldest first: what the derived tables are rebuilt from."""
