@@ -10,12 +10,12 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from maitred.sim.profile import EngineProfile
-from maitred.sim.replay import DEFAULT_POLICIES, RunConfig, run_one
+from maitred.sim.replay import DEFAULT_POLICIES, Replay, RunConfig
 from maitred.sim.traces import Trace, load_trace
 
 UNLIMITED = "unlimited"
@@ -70,30 +70,48 @@ def _init(trace_spec: str, profile: dict) -> None:
     _profile = EngineProfile(**profile)
 
 
-def _run(cfg: RunConfig, unlimited: bool) -> dict:
+def perfetto_path(folder: Path, cfg: RunConfig, unlimited: bool) -> Path:
+    """The trace-event file of one run under ``--perfetto DIR``."""
+    policy = UNLIMITED if unlimited else cfg.policy
+    return folder / f"{policy}-c{cfg.concurrency}-x{cfg.cpu_ratio:g}.perfetto.json"
+
+
+def _run(cfg: RunConfig, unlimited: bool, perfetto: Path | None = None) -> dict:
+    """One run; with ``perfetto``, also its timeline (the run keeps its journal and spans, which
+    change nothing it decides)."""
     assert _trace is not None and _profile is not None
-    record = asdict(run_one(_trace, cfg, _profile, unlimited=unlimited))
+    replay = Replay(_trace, replace(cfg, journal=True) if perfetto else cfg, _profile, unlimited=unlimited)
+    record = asdict(replay.run())
     if unlimited:
         record["policy"] = UNLIMITED
+    if perfetto is not None and replay.spans is not None:
+        about = {"trace": _trace.name, **{k: record[k] for k in ("policy", "concurrency", "cpu_ratio", "workers", "seed")}}
+        replay.spans.write(perfetto_path(perfetto, cfg, unlimited), replay.core.journal, about)
     return record
 
 
 def run_matrix(
-    matrix: Matrix, profile: EngineProfile, *, jobs: int | None = None, on_done: Callable[[dict], None] | None = None
+    matrix: Matrix,
+    profile: EngineProfile,
+    *,
+    jobs: int | None = None,
+    on_done: Callable[[dict], None] | None = None,
+    perfetto: Path | None = None,
 ) -> list[dict]:
-    """All runs of the matrix, in matrix order (whatever order they finish in)."""
+    """All runs of the matrix, in matrix order (whatever order they finish in). With ``perfetto``
+    (a folder), each run also writes its timeline there (``perfetto_path``)."""
     configs = matrix.configs()
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(configs)))
     results: list[dict | None] = [None] * len(configs)
     if jobs == 1:
         _init(matrix.trace, asdict(profile))
         for i, (cfg, unlimited) in enumerate(configs):
-            results[i] = record = _run(cfg, unlimited)
+            results[i] = record = _run(cfg, unlimited, perfetto)
             if on_done:
                 on_done(record)
     else:
         with ProcessPoolExecutor(jobs, initializer=_init, initargs=(matrix.trace, asdict(profile))) as pool:
-            futures = {pool.submit(_run, cfg, unlimited): i for i, (cfg, unlimited) in enumerate(configs)}
+            futures = {pool.submit(_run, cfg, unlimited, perfetto): i for i, (cfg, unlimited) in enumerate(configs)}
             for future in as_completed(futures):
                 results[futures[future]] = record = future.result()
                 if on_done:

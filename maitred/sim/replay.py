@@ -37,6 +37,7 @@ from maitred.runtime.policies.clairvoyant import Clairvoyant
 from maitred.sim.engine import Request, WorkerModel
 from maitred.sim.profile import EngineProfile
 from maitred.sim.replay_config import ABLATIONS, DEFAULT_POLICIES, SIM_POLICIES, RunConfig, RunResult, SimPolicy
+from maitred.sim.replay_spans import ReplaySpans
 from maitred.sim.traces import ProgramTrace, Trace
 
 UNLIMITED_TOKENS = 10**12
@@ -124,6 +125,8 @@ class Replay:
         self.requests = 0
         self.tier_moves = 0
         self.urgent_tick_at: float | None = None
+        #: model calls, tool calls and handoffs as they ran, with the journal (``maitred bench replay --perfetto``)
+        self.spans: ReplaySpans | None = ReplaySpans() if cfg.journal else None
 
     # -- event queue ----------------------------------------------------------------------------
 
@@ -238,6 +241,8 @@ class Replay:
                 self.handoff_ttft.append(req.first_token_at - req.arrival)
             self.output_tokens += req.output
             run = self.running[req.program_id]
+            if self.spans is not None:
+                self.spans.model_call(req, wid, f"r{run.step}")
             self.core.observe(
                 LLMEnd(
                     ts=max(req.done_at, 1e-6),
@@ -270,6 +275,8 @@ class Replay:
                 )
             )
             self.core.handoff_prompt_seen(run.pid)
+            if self.spans is not None:
+                self.spans.handoff(run.pid, t, previous, nxt.agent)
             self.consumers[run.pid] = None
             self._urgent_step(t)
         if self.clairvoyant is not None:
@@ -290,6 +297,8 @@ class Replay:
             call_id = f"c{run.call_seq}"
             if self.cfg.once:
                 self.tool_ends.setdefault(run.pid, []).append(t + tool.duration_s)
+            if self.spans is not None:
+                self.spans.tool_call(run.pid, t, tool, call_id)
             self.core.observe(
                 ToolStart(
                     ts=ts,
