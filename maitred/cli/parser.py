@@ -4,6 +4,7 @@ does is in ``maitred.cli.commands``; commands whose code lives elsewhere bring t
 """
 
 import argparse
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -11,6 +12,7 @@ from typing import Any, NoReturn
 
 from maitred import __version__
 from maitred.cli import commands
+from maitred.config_file import ConfigError, ConfigSpec, run_configured
 from maitred.flags import bounded, seconds, whole
 from maitred.storage import StoreError, normalize_db_url
 from maitred.storage.queries import parse_since
@@ -220,6 +222,15 @@ def _add_bench_replay(bench: Any) -> None:
     )
 
 
+def _configured(run: Command, args: argparse.Namespace) -> int:
+    """``run`` with its settings from the environment and ``--config FILE`` filled in; a refused
+    setting is a refused command line (exit status 2)."""
+    try:
+        return run_configured(run, args)
+    except ConfigError as exc:
+        raise commands.UsageError(str(exc)) from None
+
+
 def _add_plugged(sub: Any) -> None:
     """Commands whose code lives with the gateway, the sim-worker and the integrations. Their modules
     import only the standard library at top level (FastAPI, uvicorn and the engine load inside
@@ -234,9 +245,13 @@ def _add_plugged(sub: Any) -> None:
         help: str,
         add_arguments: Callable[[argparse.ArgumentParser], None],
         run: Callable[[argparse.Namespace], int],
+        config: ConfigSpec | None = None,
     ) -> None:
         p = parent.add_parser(name, help=help, description=help)
         add_arguments(p)
+        if config is not None:
+            config.layer(p)
+            run = functools.partial(_configured, run)
         p.set_defaults(func=run, plugged=True)
 
     plug(
@@ -245,6 +260,7 @@ def _add_plugged(sub: Any) -> None:
         "the gateway in front of SGLang workers (OpenAI-compatible, with the scheduler)",
         serve.add_arguments,
         serve.run,
+        serve.CONFIG,
     )
     plug(
         sub,
@@ -259,6 +275,7 @@ def _add_plugged(sub: Any) -> None:
         "a simulated SGLang server for tests and demos (no GPU; never a model)",
         simworker.add_arguments,
         simworker.run,
+        simworker.CONFIG,
     )
     hook = sub.add_parser("hook", help="agent hooks").add_subparsers(dest="what", required=True, metavar="WHAT")
     plug(

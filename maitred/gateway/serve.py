@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from maitred.bind import KEEP_ALIVE_S, check_bindable
+from maitred.config_file import ConfigError, ConfigSpec, run_configured
 from maitred.flags import bounded, port, positive, seconds, whole
 from maitred.gateway.live_config import PROGRAM_TTL_S, LiveConfig
 from maitred.runtime.admission import HOLD_TIMEOUT_S
@@ -34,6 +35,8 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 SHUTDOWN_TIMEOUT_S = 15.0
 DRAIN_TIMEOUT_S = 10.0
 _MEGABYTES = positive("number of megabytes")
+#: Every flag also as ``MAITRED_<FLAG>`` and as a key of ``--config FILE`` (``maitred.config_file``).
+CONFIG = ConfigSpec("serve", "MAITRED_", secret=frozenset({"token"}))
 
 
 def _worker_url(text: str) -> str:
@@ -71,7 +74,7 @@ def _gpus(text: str) -> tuple[str, ...]:
 
 
 def add_sglang_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gpus", type=_gpus, default=("0",), help="GPU indices, one SGLang server each (default: 0)")
+    parser.add_argument("--gpus", type=_gpus, default="0", help="GPU indices, one SGLang server each (default: 0)")
     parser.add_argument("--sglang-host", default="127.0.0.1", help="address the SGLang servers bind (default: 127.0.0.1)")
     parser.add_argument(
         "--sglang-base-port",
@@ -105,6 +108,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="URL",
         help="base URL of an SGLang server (repeatable; none: telemetry only, no model routes)",
+    )
+    parser.add_argument(
+        "--worker-urls",
+        dest="worker",
+        type=_worker_url,
+        nargs="+",
+        action="extend",
+        metavar="URL",
+        help="base URLs of SGLang servers, space-separated, as sglang-router spells it (the same list as --worker)",
     )
     parser.add_argument("--policy", choices=POLICY_NAMES, default="maitred", help="scheduling policy (default: maitred)")
     parser.add_argument(
@@ -188,13 +200,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--warmup-prompt-mb",
         type=_megabytes,
-        default=4 << 20,
+        default="4",
         help="largest last prompt kept per program for warmups; a larger one gets none (default: 4)",
     )
     parser.add_argument(
         "--warmup-prompts-mb",
         type=_megabytes,
-        default=256 << 20,
+        default="256",
         help="all prompts kept for warmups together; the least recently used go first (default: 256)",
     )
     parser.add_argument(
@@ -206,11 +218,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-body-mb",
         type=_megabytes,
-        default=32 << 20,
+        default="32",
         help="largest model request body (default: 32, Anthropic's own limit; parsing one holds the "
         "gateway's interpreter about 2 ms per MB, stalling its other clients that long)",
     )
-    parser.add_argument("--max-events-mb", type=_megabytes, default=16 << 20, help="largest event batch body (default: 16)")
+    parser.add_argument("--max-events-mb", type=_megabytes, default="16", help="largest event batch body (default: 16)")
     parser.add_argument(
         "--request-timeout", type=seconds, default=600.0, help="longest a worker may take to answer one request (default: 600 s)"
     )
@@ -279,9 +291,10 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
     from maitred.gateway.proxy_config import ProxyConfig
     from maitred.gateway.trust import Tokens, check_token_text
 
+    sources = getattr(args, "config_sources", {})  # where each setting came from (maitred.config_file)
     token = args.token if args.token is not None else os.environ.get("MAITRED_TOKEN") or None
     if token is not None:
-        check_token_text(token, "--token" if args.token is not None else "MAITRED_TOKEN")
+        check_token_text(token, sources.get("token", "--token") if args.token is not None else "MAITRED_TOKEN")
     tokens = Tokens.from_file(args.token_file, token) if args.token_file else Tokens.of(token)
     if args.host not in LOOPBACK and not tokens.required:
         raise _Refused(
@@ -293,7 +306,7 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
         from maitred.middleware.config import default_db_url
 
         db = args.db or default_db_url()
-    elif args.db:
+    elif args.db and sources.get("db", "--db") == "--db":  # over a database from $MAITRED_DB or a file, --no-db wins
         raise _Refused("--no-db: cannot be combined with --db")
     sizing = {
         name: value
@@ -463,7 +476,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m maitred.gateway.serve`` (the same as ``maitred serve``)."""
     parser = argparse.ArgumentParser(prog="maitred serve", description="the maitred gateway in front of SGLang workers")
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    CONFIG.layer(parser)
+    try:
+        return run_configured(run, parser.parse_args(argv))
+    except ConfigError as exc:
+        return _refuse(str(exc))
 
 
 if __name__ == "__main__":

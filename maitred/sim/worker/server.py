@@ -31,11 +31,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from maitred.bind import check_bindable
+from maitred.config_file import ConfigSpec, run_configured
 from maitred.flags import port, positive, whole
 from maitred.sim.worker.config import MODEL_DIR, SERVED_MODEL_NAME, WRITE_POLICIES, SimWorkerConfig
 
 if TYPE_CHECKING:
     import uvicorn
+
+#: Every flag also as ``MAITRED_SIM_WORKER_<FLAG>`` and as a key of ``--config FILE``
+#: (``maitred.config_file``); not ``MAITRED_<FLAG>``, which a gateway started from the same
+#: shell reads (its ``MAITRED_PORT`` must not move the workers).
+CONFIG = ConfigSpec("sim-worker", "MAITRED_SIM_WORKER_")
 
 
 class SimWorkerThread:
@@ -228,9 +234,10 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m maitred.sim.worker``: the same as ``maitred sim-worker``."""
     parser = argparse.ArgumentParser(prog="maitred sim-worker", description=__doc__.splitlines()[0] if __doc__ else None)
     add_arguments(parser)
+    CONFIG.layer(parser)
     try:
-        return run(parser.parse_args(argv))
-    except ValueError as exc:
+        return run_configured(run, parser.parse_args(argv))
+    except ValueError as exc:  # a ConfigError included
         sys.stderr.write(f"maitred: error: {exc}\n")
         return 1
 
