@@ -14,7 +14,8 @@ flag, and a new flag is configurable without touching this module. What pydantic
 would add beyond that (nested models, secrets directories) no flag needs.
 
 A file's keys are the flags' long names without ``--`` (``hold-timeout`` or ``hold_timeout``);
-an unknown key is refused by name with the file, a bad value names the key, the file and why.
+an unknown key is refused by name with the file, a bad value names the key, the file and why;
+a key set to null counts as unset.
 A variable set to the empty string counts as unset. Standard library only at import (every
 ``maitred`` call builds the parsers); PyYAML loads when a YAML file is read.
 """
@@ -207,6 +208,8 @@ def _file_values(layers: Layers, path: str) -> dict[str, _Setting]:
     out: dict[str, _Setting] = {}
     for key, raw in read_file(path).items():
         flag = by_name.get(str(key).replace("-", "_"))
+        if flag is not None and raw is None:  # ``key:`` or ``key: null``: as if absent
+            continue
         if flag is None:
             near = difflib.get_close_matches(str(key).replace("_", "-"), [n for f in layers.flags.values() for n in f.names], 1)
             hint = f"; did you mean {near[0]!r}?" if near else ""
