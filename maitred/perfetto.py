@@ -121,6 +121,42 @@ def _marks(flows: list[Flow]) -> list[Slice]:
     return out
 
 
+def _lane_of(slices: list[Slice], end: float) -> list[int]:
+    """Each slice's lane on its track (an open slice is drawn to ``end``)."""
+    by_track: dict[str, list[int]] = {}
+    for i, sl in enumerate(slices):
+        by_track.setdefault(sl.track, []).append(i)
+    lane = [0] * len(slices)
+    for indices in by_track.values():
+        drawn = [(slices[i].start, end if slices[i].end is None else _end(slices[i])) for i in indices]
+        for i, n in zip(indices, _lanes(drawn)):
+            lane[i] = n
+    return lane
+
+
+def _threads(
+    tracks: list[Track], lanes: Mapping[str, int]
+) -> tuple[list[dict[str, Any]], dict[tuple[str, int], tuple[int, int]]]:
+    """The ``M`` events naming every process and thread (one per lane of a track, in track
+    order), and the (pid, tid) of each (track, lane)."""
+    pids: dict[str, int] = {}
+    tids: dict[tuple[str, int], tuple[int, int]] = {}
+    meta: list[dict[str, Any]] = []
+    for track in tracks:
+        if track.process not in pids:
+            pid = pids[track.process] = len(pids) + 1
+            meta.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": track.process}})
+            meta.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+        pid = pids[track.process]
+        for n in range(lanes.get(track.key, 1)):
+            tid = len(tids) + 1
+            tids[track.key, n] = (pid, tid)
+            name = track.name if n == 0 else f"{track.name} ·{n + 1}"
+            meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+            meta.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+    return meta, tids
+
+
 def write_trace(out: TextIO, tracks: Iterable[Track], records: Iterable[Record], *, about: Mapping[str, Any]) -> int:
     """Write one trace-event JSON document to ``out``; returns the number of events written.
     Every record's track must be among ``tracks`` (``KeyError`` names it otherwise).
@@ -132,62 +168,47 @@ def write_trace(out: TextIO, tracks: Iterable[Track], records: Iterable[Record],
             if key not in keys:
                 raise KeyError(f"record {r.name!r} is on track {key!r}, which is not among the tracks")
     flows = [r for r in records if isinstance(r, Flow)]
-    slices = [r for r in records if isinstance(r, Slice)] + _marks(flows)
-    instants = [r for r in records if isinstance(r, Instant)]
+    plain = [r for r in records if isinstance(r, Slice)]
+    slices = plain + _marks(flows)  # each flow's two marker slices last, in flow order
     origin = min((_start(r) for r in records), default=0.0)
     end = max((_end(r) for r in records), default=origin)
+    lane = _lane_of(slices, end)
+    lanes: dict[str, int] = {}
+    for sl, n in zip(slices, lane):
+        lanes[sl.track] = max(lanes.get(sl.track, 1), n + 1)
+    meta, tids = _threads(tracks, lanes)
 
     def us(t: float) -> float:
         return round((t - origin) * 1e6, 3)
 
-    by_track: dict[str, list[int]] = {}
-    for i, sl in enumerate(slices):
-        by_track.setdefault(sl.track, []).append(i)
-    lane = [0] * len(slices)
-    for indices in by_track.values():
-        drawn = [(slices[i].start, end if slices[i].end is None else _end(slices[i])) for i in indices]
-        for i, n in zip(indices, _lanes(drawn)):
-            lane[i] = n
-    pids: dict[str, int] = {}
-    tids: dict[tuple[str, int], tuple[int, int]] = {}
-    meta: list[dict[str, Any]] = []
-    for track in tracks:
-        if track.process not in pids:
-            pid = pids[track.process] = len(pids) + 1
-            meta.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": track.process}})
-            meta.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
-        lanes = 1 + max((lane[i] for i in by_track.get(track.key, [])), default=0)
-        for n in range(lanes):
-            tid = len(tids) + 1
-            tids[track.key, n] = (pids[track.process], tid)
-            name = track.name if n == 0 else f"{track.name} ·{n + 1}"
-            meta.append({"ph": "M", "name": "thread_name", "pid": pids[track.process], "tid": tid, "args": {"name": name}})
-            meta.append(
-                {"ph": "M", "name": "thread_sort_index", "pid": pids[track.process], "tid": tid, "args": {"sort_index": tid}}
-            )
-
     def events() -> Iterator[dict[str, Any]]:
         yield from meta
-        for i, sl in enumerate(slices):
-            pid, tid = tids[sl.track, lane[i]]
-            args = _clean(sl.args)
+        for sl, n in zip(slices, lane):
+            pid, tid = tids[sl.track, n]
+            args = _clean(sl.args) | ({"open": True} if sl.end is None else {})
             stop = end if sl.end is None else _end(sl)
-            if sl.end is None:
-                args["open"] = True
             yield {"ph": "X", "name": sl.name, "cat": sl.category, "pid": pid, "tid": tid, "ts": us(sl.start)} | {
                 "dur": max(round(us(stop) - us(sl.start), 3), 0.0),
                 "args": args,
             }
-        for r in instants:
-            pid, tid = tids[r.track, 0]
-            yield {"ph": "i", "s": "t", "name": r.name, "cat": r.category, "pid": pid, "tid": tid, "ts": us(r.ts)} | {
-                "args": _clean(r.args)
-            }
-        marks = len(slices) - 2 * len(flows)
-        for n, f in enumerate(flows, start=1):
-            for ph, i in (("s", marks + 2 * (n - 1)), ("f", marks + 2 * (n - 1) + 1)):
+        for r in records:
+            if isinstance(r, Instant):
+                pid, tid = tids[r.track, 0]
+                yield {"ph": "i", "s": "t", "name": r.name, "cat": r.category, "pid": pid, "tid": tid, "ts": us(r.ts)} | {
+                    "args": _clean(r.args)
+                }
+        for n, f in enumerate(flows):
+            for ph, i in (("s", len(plain) + 2 * n), ("f", len(plain) + 2 * n + 1)):
                 pid, tid = tids[slices[i].track, lane[i]]
-                point = {"ph": ph, "id": n, "name": f.name, "cat": "handoff", "pid": pid, "tid": tid, "ts": us(slices[i].start)}
+                point = {
+                    "ph": ph,
+                    "id": n + 1,
+                    "name": f.name,
+                    "cat": "handoff",
+                    "pid": pid,
+                    "tid": tid,
+                    "ts": us(slices[i].start),
+                }
                 yield point | ({"bp": "e"} if ph == "f" else {})
 
     written = 0

@@ -158,8 +158,11 @@ PERFETTO_PROGRAMS = 1000
 def cmd_timeline(args: argparse.Namespace) -> int:
     with _open_history(args) as store:
         where = store.where
-        timeline = store.program(args.program_id)
-        family = store.program_family(args.program_id, limit=PERFETTO_PROGRAMS) if args.perfetto and timeline else []
+        if args.perfetto:
+            family = store.program_family(args.program_id, limit=PERFETTO_PROGRAMS)
+            timeline = family[0] if family else None
+        else:
+            family, timeline = [], store.program(args.program_id)
     if timeline is None:
         raise CliError(f"no program {args.program_id!r} in {where}")
     if args.perfetto:
