@@ -48,9 +48,6 @@ from maitred.runtime.state import RuntimeState, Snapshot
 
 log = logging.getLogger("maitred.service")
 
-#: Distinct tool names given their own label in the duration histogram; the rest share "other".
-MAX_TOOL_LABELS = 200
-
 
 @dataclass(slots=True)
 class Admission:
@@ -107,7 +104,6 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
         self.last_usage: dict[str, tuple[int, int | None]] = {}  # program -> (prompt, cached) tokens of its last answer
         self._chars_per_token: dict[str, float] = {}  # program -> learned from its answers (admission estimates)
         self._warming: dict[str, asyncio.Task[None]] = {}
-        self._tool_labels: set[str] = set()
         self._kick = asyncio.Event()
         self._urgent_at: float | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -365,13 +361,7 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
         if tool is None:
             return
         duration = e.duration_s if e.duration_s is not None else e.ts - tool.started
-        name = tool.tool
-        if name not in self._tool_labels:
-            if len(self._tool_labels) >= MAX_TOOL_LABELS:
-                name = "other"
-            else:
-                self._tool_labels.add(name)
-        self.metrics.tool_duration.labels(name).observe(max(duration, 0.0))
+        self.metrics.observe_tool(tool.tool, duration)
 
     # -- the scheduler --------------------------------------------------------------------------
 

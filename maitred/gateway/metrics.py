@@ -4,6 +4,9 @@ One registry per gateway instance (not the process-global default), so several g
 live in one process — the tests run many — without clashing metric names. Names follow
 Prometheus conventions (``_total`` counters, ``_seconds`` units); examples/grafana/ has a
 dashboard over them.
+
+Tool names come from whatever the events say: only the most called get a label of their own
+(``top_tools``), so a client cannot grow ``/metrics`` without bound.
 """
 
 import collections
@@ -12,6 +15,7 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from maitred.gateway.top_tools import MAX_TOOLS, TopTools
 from maitred.runtime.records import Phase, ProgramState, Tier
 from maitred.runtime.state import RuntimeState
 
@@ -33,14 +37,21 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 class Metrics:
-    def __init__(self) -> None:
+    """The gateway's metrics; ``max_tools``: tools given a label of their own (``top_tools``)."""
+
+    def __init__(self, max_tools: int = MAX_TOOLS) -> None:
+        self.tools = TopTools(max_tools)
         r = self.registry = CollectorRegistry()
         self.programs = Gauge(
             "maitred_programs", "Programs known to the runtime, by tier and phase", ["tier", "phase"], registry=r
         )
         self.workers_healthy = Gauge("maitred_workers_healthy", "Workers answering their health check", registry=r)
         self.tool_duration = Histogram(
-            "maitred_tool_duration_seconds", "Durations of completed tool calls", ["tool"], buckets=TOOL_BUCKETS, registry=r
+            "maitred_tool_duration_seconds",
+            'Durations of completed tool calls, by tool (the most called; the rest under tool="other")',
+            ["tool"],
+            buckets=TOOL_BUCKETS,
+            registry=r,
         )
         self.readiness_mae = Gauge(
             "maitred_readiness_error_mae_seconds",
@@ -101,6 +112,13 @@ class Metrics:
         self.duplicate_events = Counter(
             "maitred_duplicate_events_total", "Events received again (a re-sent batch) and counted once", registry=r
         )
+
+    def observe_tool(self, tool: str, duration_s: float) -> None:
+        """One completed tool call, under its own label or ``other`` (``top_tools``)."""
+        counted = self.tools.call(tool)
+        if counted.displaced is not None:
+            self.tool_duration.remove(counted.displaced)
+        self.tool_duration.labels(counted.label).observe(max(duration_s, 0.0))
 
     def observe_state(self, state: RuntimeState, counts: Tally | None = None) -> None:
         """Refresh the gauges that describe the whole state (once per scheduler step, with the
