@@ -270,8 +270,6 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
             self.metrics.prompt_tokens.inc(prompt_tokens)
         if cached_tokens is not None:
             self.metrics.cached_tokens.inc(cached_tokens)
-        if ttft_s is not None:
-            self.metrics.ttft.observe(ttft_s)
         p = self.state.programs.get(program_id)
         prompt = prompt_tokens if prompt_tokens is not None else (p.context_tokens if p is not None else 0)
         if ok and prompt_tokens is not None:
