@@ -120,7 +120,10 @@ class Metrics:
             "maitred_cached_tokens_total", "Prompt tokens the worker served from its prefix cache", registry=r
         )
         self.worker_failures = Counter(
-            "maitred_worker_failures_total", "Requests that found their worker unreachable", ["worker"], registry=r
+            "maitred_worker_failures_total",
+            "Times a worker was found down (a request or health check that could not reach it), by worker",
+            ["worker"],
+            registry=r,
         )
         self.warmups = Counter("maitred_warmups_total", "Pre-prefill warmups, by outcome", ["outcome"], registry=r)
         self.events = Counter("maitred_events_total", "Events accepted by the runtime", registry=r)
