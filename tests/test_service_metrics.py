@@ -106,8 +106,17 @@ def test_ten_thousand_made_up_names_add_only_the_other_tool_series_and_every_cal
         before = scrape(server.url)
         post_events(server.url, [e for i in range(10_000) for e in flood(i)])
         after = scrape(server.url)
+        # counted from its first call, not from the counts the flood left: promoted on its 11th
+        # call, when it outnumbers Edit (8) by more than a quarter; Edit's series goes
+        post_events(server.url, tool_calls("p", ["Write"] * 12, first=500))
+        promoted = scrape(server.url)
     assert values(before, "maitred_tool_duration_seconds_count", "tool") == popular
     assert values(after, "maitred_tool_duration_seconds_count", "tool") == {**popular, "other": 10_000}
+    assert values(promoted, "maitred_tool_duration_seconds_count", "tool") == {
+        **{name: n for name, n in popular.items() if name != "Edit"},
+        "Write": 2,
+        "other": 10_010,
+    }
     assert sample(after, "maitred_events_total") == sample(before, "maitred_events_total") + 60_000
     added = {(name, labels) for name, series in after.items() for labels in series} - {
         (name, labels) for name, series in before.items() for labels in series

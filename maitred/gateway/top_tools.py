@@ -7,12 +7,13 @@ series that Prometheus keeps in memory for hours). Here only the ``n`` tools cal
 ``other``, so every call is counted under one label value and ``/metrics`` never holds more
 than ``n + 1`` of them.
 
-Counting calls per name must be bounded too: names are counted with the Space-Saving algorithm
-(Metwally, Agrawal and El Abbadi, 2005) in a table of ``TABLE_PER_LABEL * n`` names. A name
-new to a full table takes the place of the least counted one, inheriting its count as an
-over-estimate (kept as the entry's ``error``); any tool called more often than ``1 / size`` of
-all calls is guaranteed to be in the table, and the labelled names are never the ones
-replaced.
+Counting calls per name must be bounded too: names are counted in a table of
+``TABLE_PER_LABEL * n`` names, in the manner of the Space-Saving algorithm (Metwally, Agrawal
+and El Abbadi, 2005). When the table is full, the less called half of the names without a label
+is forgotten at once, and a name new to the table starts from the highest count forgotten so
+far: an over-estimate of its calls, kept as the entry's ``error``. Forgetting in halves, not
+one name per new name, keeps a flood of new names at a sort per half table instead of a scan of
+the table per call. The labelled names are never forgotten.
 
 A tool counted under ``other`` that later becomes one of the top ``n`` (by calls that are
 certain, count less error, so a flood of one-off names never promotes one of them) gets its own
@@ -41,7 +42,7 @@ PROMOTE_MARGIN = 1.25
 @dataclass(slots=True)
 class _Tally:
     count: int  # calls counted (an over-estimate by at most ``error``)
-    error: int  # the count inherited from the name it replaced in the table
+    error: int  # the count it started from: the highest count forgotten before it came
 
     @property
     def certain(self) -> int:
@@ -66,6 +67,7 @@ class TopTools:
         self.size = TABLE_PER_LABEL * n
         self._tallies: dict[str, _Tally] = {}
         self._labelled: set[str] = set()
+        self._floor = 0  # the highest count of a name forgotten so far
 
     def call(self, name: str) -> Labelled:
         """Count one call of ``name`` and say which label it goes under."""
@@ -87,10 +89,14 @@ class TopTools:
     def _count(self, name: str) -> _Tally:
         tally = self._tallies.get(name)
         if tally is None:
-            floor = 0
             if len(self._tallies) >= self.size:
-                victim = min((t for t in self._tallies if t not in self._labelled), key=lambda t: self._tallies[t].count)
-                floor = self._tallies.pop(victim).count
-            tally = self._tallies[name] = _Tally(floor, floor)
+                self._forget_half()
+            tally = self._tallies[name] = _Tally(self._floor, self._floor)
         tally.count += 1
         return tally
+
+    def _forget_half(self) -> None:
+        """Forget the less called half of the names without a label (see the module docstring)."""
+        unlabelled = sorted((t for t in self._tallies if t not in self._labelled), key=lambda t: self._tallies[t].count)
+        for name in unlabelled[: max(len(unlabelled) // 2, 1)]:
+            self._floor = max(self._floor, self._tallies.pop(name).count)
