@@ -195,6 +195,7 @@ def body(path: str, model: str, program_id: str, stream: bool) -> dict[str, Any]
 @dataclass
 class Served:
     gateway: Gateway
+    workers: list[BackgroundServer]
     first: Samples  # after the first round of requests
     last: Samples  # after all of them, a refused one, one during shutdown and a worker's failure
     names: set[str]  # every model name and program id the requests carried
@@ -233,9 +234,10 @@ def served() -> Iterator[Served]:
             assert client.post("/v1/chat/completions", json=body("/v1/chat/completions", "m", "p", False)).status_code == 503
             gateway.runtime.shutting_down = False
             sims[1].stop()
-            assert wait_until(lambda: bool(scrape(server.url).get("maitred_worker_failures_total")), interval=0.1)
+            down = sims[1].url
+            assert wait_until(lambda: sample(scrape(server.url), "maitred_worker_failures_total", worker=down) == 1, interval=0.1)
             last = scrape(server.url)
-        yield Served(gateway, first, last, names)
+        yield Served(gateway, sims, first, last, names)
 
 
 def test_every_endpoint_s_duration_and_ttft_histograms_count_the_requests_sent(served):
@@ -258,6 +260,12 @@ def test_refused_and_shutdown_answers_are_timed_under_their_status_class(served)
     assert sample(served.last, "maitred_request_duration_seconds_count", status_class="5xx", **chat) == 1
     classes = {dict(k)["status_class"] for k in served.last["maitred_request_duration_seconds_count"]}
     assert classes == {"2xx", "4xx", "5xx"}
+
+
+def test_worker_failures_start_at_zero_per_worker_and_count_the_one_that_stopped(served):
+    up, down = (w.url for w in served.workers)
+    assert values(served.first, "maitred_worker_failures_total", "worker") == {up: 0, down: 0}
+    assert values(served.last, "maitred_worker_failures_total", "worker") == {up: 0, down: 1}
 
 
 def test_the_duration_histograms_buckets_span_milliseconds_to_half_an_hour(served):
