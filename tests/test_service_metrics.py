@@ -240,7 +240,7 @@ def served() -> Iterator[Served]:
         yield Served(gateway, sims, first, last, names)
 
 
-def test_every_endpoint_s_duration_and_ttft_histograms_count_the_requests_sent(served):
+def test_each_endpoints_duration_and_ttft_histograms_count_the_requests_sent(served):
     for path, streams in ROUTES.items():
         endpoint = ENDPOINTS[path].name
         for stream in streams:
