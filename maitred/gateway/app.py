@@ -29,6 +29,7 @@ from maitred.gateway.proxy import Proxy, add_proxy_routes
 from maitred.gateway.proxy_config import ProxyConfig
 from maitred.gateway.sglang.client import SGLangClient
 from maitred.gateway.store_writer import StoreWriter
+from maitred.gateway.top_tools import MAX_TOOLS
 from maitred.gateway.trust import Tokens
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ class ServeConfig:
     max_connections: int = 1024  # per gateway, to all workers together
     wait_for_workers_s: float = 0.0  # at start, wait this long for one healthy worker
     drain_timeout_s: float = 10.0  # at shutdown, how long queued events get to reach the store
+    metrics_max_tools: int = MAX_TOOLS  # tools given a label of their own on /metrics; the rest are "other"
 
 
 @dataclass
@@ -78,7 +80,7 @@ def build_app(
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=16, keepalive_expiry=2.0)
     client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(30.0, connect=5.0))
     backends = {url.rstrip("/"): SGLangClient(url.rstrip("/"), client) for url in cfg.workers}
-    runtime = LiveDriver(backends, cfg.runtime, Metrics())
+    runtime = LiveDriver(backends, cfg.runtime, Metrics(cfg.metrics_max_tools))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

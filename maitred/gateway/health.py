@@ -45,6 +45,8 @@ class WorkerWatch:
         self.backends, self.state, self.metrics = backends, state, metrics
         self.fail_after, self.policy, self.on_change = fail_after, policy, on_change
         self._health = {url: _Health() for url in backends}
+        for url in backends:  # at 0 from the start, so ``increase()`` sees a worker's first failure
+            metrics.worker_failures.labels(url)
 
     async def refresh_loads(self) -> None:
         """Each healthy worker's load (``/v1/loads``) read just before a step plans, as the replay

@@ -48,9 +48,6 @@ from maitred.runtime.state import RuntimeState, Snapshot
 
 log = logging.getLogger("maitred.service")
 
-#: Distinct tool names given their own label in the duration histogram; the rest share "other".
-MAX_TOOL_LABELS = 200
-
 
 @dataclass(slots=True)
 class Admission:
@@ -107,7 +104,6 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
         self.last_usage: dict[str, tuple[int, int | None]] = {}  # program -> (prompt, cached) tokens of its last answer
         self._chars_per_token: dict[str, float] = {}  # program -> learned from its answers (admission estimates)
         self._warming: dict[str, asyncio.Task[None]] = {}
-        self._tool_labels: set[str] = set()
         self._kick = asyncio.Event()
         self._urgent_at: float | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -274,8 +270,6 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
             self.metrics.prompt_tokens.inc(prompt_tokens)
         if cached_tokens is not None:
             self.metrics.cached_tokens.inc(cached_tokens)
-        if ttft_s is not None:
-            self.metrics.ttft.observe(ttft_s)
         p = self.state.programs.get(program_id)
         prompt = prompt_tokens if prompt_tokens is not None else (p.context_tokens if p is not None else 0)
         if ok and prompt_tokens is not None:
@@ -365,13 +359,7 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
         if tool is None:
             return
         duration = e.duration_s if e.duration_s is not None else e.ts - tool.started
-        name = tool.tool
-        if name not in self._tool_labels:
-            if len(self._tool_labels) >= MAX_TOOL_LABELS:
-                name = "other"
-            else:
-                self._tool_labels.add(name)
-        self.metrics.tool_duration.labels(name).observe(max(duration, 0.0))
+        self.metrics.observe_tool(tool.tool, duration)
 
     # -- the scheduler --------------------------------------------------------------------------
 

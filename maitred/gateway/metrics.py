@@ -4,6 +4,13 @@ One registry per gateway instance (not the process-global default), so several g
 live in one process — the tests run many — without clashing metric names. Names follow
 Prometheus conventions (``_total`` counters, ``_seconds`` units); examples/grafana/ has a
 dashboard over them.
+
+Every label takes its values from a bounded set: tiers, phases, reasons and outcomes are fixed
+sets (an answer a worker refused counts as ``worker_<its HTTP status>``), workers come from
+``--worker``, endpoints from the gateway's own route table, status classes are three.
+Nothing a client writes becomes a label value, with one exception kept bounded on purpose:
+tool names, of which only the most called get a label of their own (``top_tools``). Program
+ids, model names and paths are never labels.
 """
 
 import collections
@@ -12,6 +19,7 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from maitred.gateway.top_tools import MAX_TOOLS, TopTools
 from maitred.runtime.records import Phase, ProgramState, Tier
 from maitred.runtime.state import RuntimeState
 
@@ -23,24 +31,40 @@ def program_counts(programs: Iterable[ProgramState]) -> Tally:
     return collections.Counter((p.tier, p.phase) for p in programs)
 
 
-#: Request latencies from sub-millisecond (a held request released at once) to minutes.
-LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+#: Request latencies from a millisecond (a held request released at once, a cached prefix and a
+#: few tokens) to half an hour: a worker may take ``--request-timeout`` (600 s) to answer, and a
+#: request may be held up to ``--hold-timeout`` (1,800 s) before that.
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 #: Tool durations: the calibrated workload spans 30 ms to many minutes.
 TOOL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 60, 120, 300, 900)
+#: What a warmup came to (``warmups``).
+WARMUP_OUTCOMES = ("done", "failed", "overtaken", "skipped")
 TICK_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
+def status_class(status: int) -> str:
+    """``2xx``, ``4xx`` or ``5xx`` (and ``1xx``/``3xx``, which the gateway does not answer)."""
+    return f"{min(max(status // 100, 1), 5)}xx"
+
+
 class Metrics:
-    def __init__(self) -> None:
+    """The gateway's metrics; ``max_tools``: tools given a label of their own (``top_tools``)."""
+
+    def __init__(self, max_tools: int = MAX_TOOLS) -> None:
+        self.tools = TopTools(max_tools)
         r = self.registry = CollectorRegistry()
         self.programs = Gauge(
             "maitred_programs", "Programs known to the runtime, by tier and phase", ["tier", "phase"], registry=r
         )
         self.workers_healthy = Gauge("maitred_workers_healthy", "Workers answering their health check", registry=r)
         self.tool_duration = Histogram(
-            "maitred_tool_duration_seconds", "Durations of completed tool calls", ["tool"], buckets=TOOL_BUCKETS, registry=r
+            "maitred_tool_duration_seconds",
+            'Durations of completed tool calls, by tool (the most called; the rest under tool="other")',
+            ["tool"],
+            buckets=TOOL_BUCKETS,
+            registry=r,
         )
         self.readiness_mae = Gauge(
             "maitred_readiness_error_mae_seconds",
@@ -75,7 +99,16 @@ class Metrics:
         self.forced = Counter("maitred_forced_admissions_total", "Held requests let through after the bounded wait", registry=r)
         self.ttft = Histogram(
             "maitred_ttft_seconds",
-            "Time to first byte from the worker, as seen by the gateway",
+            "Time from sending a request to its worker to the first byte back (the whole answer when not streamed), by endpoint",
+            ["endpoint", "stream"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "maitred_request_duration_seconds",
+            "Model requests from arrival to the last byte answered (time held in the gateway included), "
+            "by endpoint, status class and whether the answer was streamed",
+            ["endpoint", "status_class", "stream"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -87,7 +120,10 @@ class Metrics:
             "maitred_cached_tokens_total", "Prompt tokens the worker served from its prefix cache", registry=r
         )
         self.worker_failures = Counter(
-            "maitred_worker_failures_total", "Requests that found their worker unreachable", ["worker"], registry=r
+            "maitred_worker_failures_total",
+            "Times a worker was found down (a request or health check that could not reach it), by worker",
+            ["worker"],
+            registry=r,
         )
         self.warmups = Counter("maitred_warmups_total", "Pre-prefill warmups, by outcome", ["outcome"], registry=r)
         self.events = Counter("maitred_events_total", "Events accepted by the runtime", registry=r)
@@ -101,6 +137,25 @@ class Metrics:
         self.duplicate_events = Counter(
             "maitred_duplicate_events_total", "Events received again (a re-sent batch) and counted once", registry=r
         )
+        # Label values known in advance start at 0, so the first increment shows in ``rate()``
+        # and a dashboard finds the series before anything happened.
+        for tier in Tier:
+            self.tier_moves.labels(tier.value)
+        for outcome in WARMUP_OUTCOMES:
+            self.warmups.labels(outcome)
+
+    def observe_tool(self, tool: str, duration_s: float) -> None:
+        """One completed tool call, under its own label or ``other`` (``top_tools``)."""
+        counted = self.tools.call(tool)
+        if counted.displaced is not None:
+            self.tool_duration.remove(counted.displaced)
+        self.tool_duration.labels(counted.label).observe(max(duration_s, 0.0))
+
+    def observe_request(self, endpoint: str, status: int, *, stream: bool, seconds: float) -> None:
+        self.request_duration.labels(endpoint, status_class(status), _yes_no(stream)).observe(seconds)
+
+    def observe_ttft(self, endpoint: str, *, stream: bool, seconds: float) -> None:
+        self.ttft.labels(endpoint, _yes_no(stream)).observe(seconds)
 
     def observe_state(self, state: RuntimeState, counts: Tally | None = None) -> None:
         """Refresh the gauges that describe the whole state (once per scheduler step, with the
@@ -118,3 +173,7 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _yes_no(flag: bool) -> str:
+    return "true" if flag else "false"

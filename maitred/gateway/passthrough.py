@@ -124,12 +124,19 @@ class Relay(StreamingResponse):
     def __init__(self, content: AsyncIterator[bytes], *, on_close: Any, media_type: str) -> None:
         super().__init__(content, media_type=media_type)
         self._on_close = on_close
+        self._after: Callable[[], None] | None = None
+
+    def after_close(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the stream is over and ``on_close`` ran (the request's timing)."""
+        self._after = callback
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             await self._on_close()
+            if self._after is not None:
+                self._after()
 
 
 def broken_stream_event(api: str, text: str, *, kind: str = "worker_failed") -> bytes:

@@ -145,7 +145,23 @@ class Proxy:
         return left
 
     async def handle(self, request: Request) -> Response:
+        """One model request, timed from its arrival to its answer's last byte (a stream's when
+        it ends) for ``maitred_request_duration_seconds``."""
+        started = time.perf_counter()
         route = ENDPOINTS[request.url.path]
+        response = await self._answer(route, request)
+        metrics, status = self.runtime.metrics, response.status_code
+
+        def timed(streamed: bool) -> None:
+            metrics.observe_request(route.name, status, stream=streamed, seconds=time.perf_counter() - started)
+
+        if isinstance(response, Relay):
+            response.after_close(lambda: timed(True))
+        else:
+            timed(False)
+        return response
+
+    async def _answer(self, route: Route, request: Request) -> Response:
         endpoint = route.name
         if self.runtime.shutting_down:
             self.runtime.metrics.requests.labels(endpoint, "shutting_down").inc()
@@ -361,6 +377,8 @@ class Proxy:
         self.runtime.worker_failed(worker, reason=type(exc).__name__)
 
     def _finish(self, call: Call, worker: str, usage: Usage, ttft_s: float | None, *, ok: bool) -> None:
+        if ttft_s is not None:
+            self.runtime.metrics.observe_ttft(call.endpoint, stream=call.stream, seconds=ttft_s)
         self.runtime.completed(
             call.program_id,
             request_id=call.request_id,

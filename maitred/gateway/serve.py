@@ -18,6 +18,7 @@ from maitred.bind import KEEP_ALIVE_S, check_bindable
 from maitred.config_file import ConfigError, ConfigSpec, run_configured
 from maitred.flags import bounded, port, positive, seconds, whole
 from maitred.gateway.live_config import PROGRAM_TTL_S, LiveConfig
+from maitred.gateway.top_tools import MAX_TOOLS
 from maitred.runtime.admission import HOLD_TIMEOUT_S
 from maitred.runtime.records import SignalConfig
 
@@ -271,6 +272,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="an event re-sent among the last N ingested (a client retrying a batch) moves the live state "
         f"once, as the store stores it once; 0 turns this off (default: {LiveConfig().recent_event_keys:,})",
     )
+    parser.add_argument(
+        "--metrics-max-tools",
+        type=whole(0, unit="whole number of tools"),
+        default=MAX_TOOLS,
+        metavar="N",
+        help="tools given a label of their own in maitred_tool_duration_seconds, the N most called; the rest "
+        f'are counted under tool="other" so clients cannot grow /metrics without bound (default: {MAX_TOOLS})',
+    )
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     parser.add_argument(
         "--launch-sglang",
@@ -343,6 +352,7 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
         max_events_bytes=args.max_events_mb,
         wait_for_workers_s=args.wait_for_workers,
         drain_timeout_s=args.drain_timeout,
+        metrics_max_tools=args.metrics_max_tools,
     )
 
 
