@@ -158,6 +158,16 @@ def test_a_failing_tool_span_is_recorded_with_its_outcome_and_the_agent_sees_the
     assert {e["tool"] for e in of(events, "tool.start")} == {"flaky", "slow_build"}
 
 
+def test_a_program_id_in_the_run_metadata_names_the_program_as_for_maitreds_langgraph_adapters(instrumented, db_url):
+    name, _ = instrumented
+    maitred.configure(db_url=db_url, settings=FAST)
+    agent = create_agent(two_tools_then_done(), [add, grep], name="coder")
+    config = {"configurable": {"thread_id": "thread-x"}, "metadata": {"program_id": f"prog-{name}"}}
+    agent.invoke({"messages": [{"role": "user", "content": "go"}]}, config)
+    events = stored(db_url)
+    assert len(events) == 8 and {e["program_id"] for e in events} == {f"prog-{name}"}
+
+
 def test_an_explicitly_bound_program_wins_over_the_session_the_spans_name(instrumented, db_url):
     maitred.configure(db_url=db_url, settings=FAST)
     agent = create_agent(two_tools_then_done(), [add, grep], name="coder")

@@ -27,15 +27,17 @@ Program id, in this order (the same rules as the rest of maitred, ``docs/program
 
 1. an explicitly bound ``maitred.program(...)`` (the processor only: it runs in the agent's
    process, and the bound program's agent comes with it);
-2. a session the span names: ``traceloop.association.properties.program_id`` (LangGraph's
-   ``config["metadata"]["program_id"]``, which maitred's LangGraph adapters read too), then
-   ``session.id`` (OpenInference), ``gen_ai.conversation.id`` (GenAI conventions), and
+2. a session the span names: LangGraph's ``config["metadata"]["program_id"]`` (which maitred's
+   LangGraph adapters read too), as OpenLLMetry records it
+   (``traceloop.association.properties.program_id``) or OpenInference (in its ``metadata`` JSON);
+   then ``session.id`` (OpenInference), ``gen_ai.conversation.id`` (GenAI conventions), and
    OpenLLMetry's association properties ``session_id``, ``thread_id``, ``conversation_id``;
 3. else the trace id (32 hex digits): one trace, one program.
 
 The agent is ``gen_ai.agent.name`` or LangChain's ``lc_agent_name`` association property.
 """
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -64,9 +66,13 @@ _GENAI_OPERATIONS: dict[Any, Kind] = {
     "generate_content": "llm",
 }
 _TRACELOOP_KINDS: dict[Any, Kind] = {"tool": "tool"}
-#: GenAI span names, ``{operation} {target}``, and OpenLLMetry's LLM spans, ``{class}.{type}``.
-_NAME_PREFIXES: tuple[tuple[str, Kind], ...] = tuple((f"{op} ", kind) for op, kind in _GENAI_OPERATIONS.items())
-_NAME_SUFFIXES: tuple[tuple[str, Kind], ...] = ((".chat", "llm"), (".completion", "llm"))
+_KIND_ATTRIBUTES = (
+    ("openinference.span.kind", _OPENINFERENCE_KINDS),
+    ("gen_ai.operation.name", _GENAI_OPERATIONS),
+    ("traceloop.span.kind", _TRACELOOP_KINDS),
+)
+#: OpenLLMetry names its LLM spans ``{class}.{type}`` (GenAI span names are ``{operation} {target}``).
+_LLM_SUFFIXES = (".chat", ".completion")
 
 _ASSOCIATION = "traceloop.association.properties."
 #: Where a span names its session, in the order read (the module docstring's rule 2).
@@ -134,30 +140,23 @@ def _text(value: Any) -> str | None:
 
 
 def kind_of(name: str, attributes: Mapping[str, Any]) -> Kind | None:
-    """``tool``, ``llm``, or None for a span that is neither (most spans: a few dict lookups)."""
-    for key, table in (
-        ("openinference.span.kind", _OPENINFERENCE_KINDS),
-        ("gen_ai.operation.name", _GENAI_OPERATIONS),
-        ("traceloop.span.kind", _TRACELOOP_KINDS),
-    ):
-        value = attributes.get(key)
-        if value is not None:
-            return table.get(value)  # a kind that names something else (CHAIN, task) is no call
-    for prefix, kind in _NAME_PREFIXES:
-        if name.startswith(prefix):
-            return kind
-    for suffix, kind in _NAME_SUFFIXES:
-        if name.endswith(suffix):
-            return kind
-    return None
+    """``tool``, ``llm``, or None for a span that is neither: most spans, which cost a few
+    lookups (none in their attributes while they have none, as most spans at their start)."""
+    if attributes:
+        for key, table in _KIND_ATTRIBUTES:
+            value = attributes.get(key)
+            if value is not None:
+                return table.get(value)  # a kind that names something else (CHAIN, task) is no call
+    operation, space, _ = name.partition(" ")
+    if space:
+        return _GENAI_OPERATIONS.get(operation)
+    return "llm" if name.endswith(_LLM_SUFFIXES) else None
 
 
 def _after_operation(name: str) -> str | None:
     """``grep`` of the span name ``execute_tool grep`` (the GenAI conventions' form)."""
-    for prefix, _ in _NAME_PREFIXES:
-        if name.startswith(prefix):
-            return name[len(prefix) :].strip() or None
-    return None
+    operation, _, target = name.partition(" ")
+    return (target.strip() or None) if operation in _GENAI_OPERATIONS else None
 
 
 def _tool_name(name: str, attributes: Mapping[str, Any]) -> str:
@@ -175,6 +174,27 @@ def _model(name: str, attributes: Mapping[str, Any]) -> str | None:
     return _after_operation(name)
 
 
+def _metadata_program(attributes: Mapping[str, Any]) -> str | None:
+    """``program_id`` of the LangChain metadata OpenInference records as one JSON string."""
+    metadata = attributes.get("metadata")
+    if not isinstance(metadata, str) or '"program_id"' not in metadata:
+        return None
+    try:
+        decoded = json.loads(metadata)
+    except ValueError:
+        return None
+    return _text(decoded.get("program_id")) if isinstance(decoded, dict) else None
+
+
+def _program(attributes: Mapping[str, Any]) -> str | None:
+    """The session a span names (the module docstring's rule 2)."""
+    return (
+        _text(attributes.get(PROGRAM_ATTRIBUTES[0]))
+        or _metadata_program(attributes)
+        or _text(_first(attributes, PROGRAM_ATTRIBUTES[1:]))
+    )
+
+
 def open_call(
     kind: Kind,
     name: str,
@@ -187,7 +207,7 @@ def open_call(
 ) -> Opened:
     """The call a span of ``kind`` stands for. ``program_id`` (and its ``agent``) is an
     explicitly bound program, which wins; otherwise the span's session, else its trace."""
-    program = program_id or _text(_first(attributes, PROGRAM_ATTRIBUTES)) or trace_id
+    program = program_id or _program(attributes) or trace_id
     who = agent if program_id else _text(_first(attributes, _AGENT_ATTRIBUTES))
     if kind == "tool":
         call_id = _text(_first(attributes, _CALL_ID_ATTRIBUTES)) or span_id
