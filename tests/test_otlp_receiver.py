@@ -240,3 +240,32 @@ def test_without_opentelemetry_proto_the_route_answers_501_in_one_line(db_url, m
     assert response.status_code == 501
     message = response.json()["error"]["message"]
     assert "\n" not in message and "pip install 'maitred[otel]'" in message
+
+
+def test_an_instrumented_langgraph_agent_exporting_to_the_gateway_gives_the_processors_events(gateway, db_url):
+    """OpenInference around a real LangGraph agent, its spans batched by the SDK to the gateway:
+    the events are those ``MaitredSpanProcessor`` gives in process (tests/test_otel_in.py)."""
+    pytest.importorskip("openinference.instrumentation.langchain", reason="the dev extra is not installed")
+    from langchain.agents import create_agent
+    from openinference.instrumentation.langchain import LangChainInstrumentor
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from tests.test_otel_in import add, grep, two_tools_then_done
+
+    url = gateway()
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{url}/v1/traces")))
+    instrumentor = LangChainInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)
+    try:
+        agent = create_agent(two_tools_then_done(), [add, grep], name="coder")
+        agent.invoke({"messages": [{"role": "user", "content": "go"}]}, {"configurable": {"thread_id": "exported-1"}})
+    finally:
+        instrumentor.uninstrument()
+    assert provider.force_flush(timeout_millis=20_000)
+    provider.shutdown()
+    events = stored(db_url, 8)
+    assert {e["program_id"] for e in events} == {"exported-1"}
+    assert sorted(e["tool"] for e in events if e["type"] == "tool.start") == ["add", "grep"]
+    assert [(e["prompt_tokens"], e["completion_tokens"]) for e in events if e["type"] == "llm.end"] == [(120, 8), (150, 12)]
+    assert len(events) == 8
