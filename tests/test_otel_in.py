@@ -17,6 +17,7 @@ pytest.importorskip("opentelemetry.instrumentation.langchain", reason="the dev e
 
 from langchain.agents import create_agent
 from langchain_core.tools import tool
+from openinference.instrumentation import using_session
 from openinference.instrumentation.langchain import LangChainInstrumentor
 from opentelemetry.instrumentation.langchain import LangchainInstrumentor
 from opentelemetry.sdk.trace import TracerProvider
@@ -241,8 +242,12 @@ def test_a_genai_span_without_a_session_is_recorded_under_its_trace_id(provider)
     ) as span:
         span.set_attribute("gen_ai.usage.input_tokens", 2100)
         span.set_attribute("gen_ai.usage.output_tokens", 96)
+    with using_session("session-from-context"):  # OpenInference's context, read at the span's start
+        with tracer.start_as_current_span("execute_tool ls"):
+            pass
     assert maitred.flush(timeout=5)
-    start, end, llm_start, llm_end = sink.events
+    start, end, llm_start, llm_end, ls_start, ls_end = sink.events
+    assert (ls_start.tool, ls_start.program_id, ls_end.program_id) == ("ls", "session-from-context", "session-from-context")
     assert (start.TYPE, start.program_id, start.call_id, start.tool) == ("tool.start", trace_id, "toolu_01", "bash")
     assert (end.TYPE, end.call_id, end.status) == ("tool.end", "toolu_01", "error")
     assert (llm_start.program_id, llm_start.model, llm_end.prompt_tokens, llm_end.completion_tokens) == (

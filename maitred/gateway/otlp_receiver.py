@@ -35,7 +35,7 @@ from maitred.gateway.ingest import guarded
 from maitred.gateway.loop import LiveDriver
 from maitred.gateway.offload import ingest_in_slices, off_loop
 from maitred.gateway.trust import Scope, Tokens
-from maitred.integrations.otel_spans import SpanRecord, span_events
+from maitred.integrations.otel_spans import SpanRecord, outcome, span_events
 
 log = logging.getLogger("maitred.service")
 
@@ -44,7 +44,8 @@ PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 #: ``google.rpc.Code.INVALID_ARGUMENT``, the code of a ``Status`` answering an undecodable body.
 INVALID_ARGUMENT = 3
-_STATUS_CODE_ERROR = 2  # opentelemetry.proto.trace.v1.Status.STATUS_CODE_ERROR
+#: ``opentelemetry.proto.trace.v1.Status.StatusCode`` values, by the names ``otel_spans.outcome`` reads.
+_STATUS_CODES = {0: "unset", 1: "ok", 2: "error"}
 MISSING = "POST /v1/traces needs opentelemetry-proto, which is not installed: pip install 'maitred[otel]'"
 
 
@@ -188,14 +189,13 @@ def _ids(span: Any) -> str | None:
 
 def _record(span: Any) -> SpanRecord:
     attributes = {kv.key: _value(kv.value) for kv in span.attributes}
-    error_type = None
+    exception_type = None
     for event in span.events:
         if event.name == "exception":
             for kv in event.attributes:
                 if kv.key == "exception.type":
-                    error_type = _value(kv.value)
-    error_type = error_type or attributes.get("error.type")
-    code = span.status.code
+                    exception_type = _value(kv.value)
+    failed, error_type = outcome(_STATUS_CODES.get(span.status.code, "unset"), exception_type, attributes)
     return SpanRecord(
         name=span.name,
         trace_id=span.trace_id.hex(),
@@ -203,8 +203,8 @@ def _record(span: Any) -> SpanRecord:
         start_s=span.start_time_unix_nano / 1e9,
         end_s=span.end_time_unix_nano / 1e9,
         attributes=attributes,
-        failed=code == _STATUS_CODE_ERROR or (code == 0 and error_type is not None),
-        error_type=error_type if isinstance(error_type, str) else None,
+        failed=failed,
+        error_type=error_type,
     )
 
 

@@ -33,9 +33,17 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
-from opentelemetry.trace import StatusCode
 
-from maitred.integrations.otel_spans import Opened, SpanRecord, end_event, kind_of, open_call, span_events, start_event
+from maitred.integrations.otel_spans import (
+    Opened,
+    SpanRecord,
+    end_event,
+    kind_of,
+    open_call,
+    outcome,
+    span_events,
+    start_event,
+)
 from maitred.middleware.config import emit, flush
 from maitred.middleware.context import current_scope
 
@@ -70,16 +78,11 @@ def _context_attributes(parent: otel_context.Context | None) -> dict[str, Any]:
 
 
 def _outcome(span: ReadableSpan) -> tuple[bool, str | None]:
-    """Whether the span failed, and the type of the exception it recorded (the last one)."""
-    code = span.status.status_code
-    error_type = None
+    exception_type = None
     for event in span.events:
         if event.name == "exception" and event.attributes:
-            error_type = event.attributes.get("exception.type") or error_type
-    attributes = span.attributes or {}
-    error_type = error_type or attributes.get("error.type")
-    failed = code is StatusCode.ERROR or (code is StatusCode.UNSET and error_type is not None)
-    return failed, error_type if isinstance(error_type, str) else None
+            exception_type = event.attributes.get("exception.type") or exception_type
+    return outcome(span.status.status_code.name.lower(), exception_type, span.attributes or {})
 
 
 def _record(span: ReadableSpan) -> SpanRecord:

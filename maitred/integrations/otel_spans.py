@@ -52,6 +52,7 @@ __all__ = [
     "end_event",
     "kind_of",
     "open_call",
+    "outcome",
     "span_events",
     "start_event",
 ]
@@ -137,6 +138,16 @@ def _first(attributes: Mapping[str, Any], names: tuple[str, ...]) -> Any:
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
+
+
+def outcome(status: str, exception_type: Any, attributes: Mapping[str, Any]) -> tuple[bool, str | None]:
+    """Whether a span failed, and the type of its exception: ``status`` is the span's status code
+    (``unset``, ``ok``, ``error``), ``exception_type`` that of its last ``exception`` event. An
+    unset status with an exception recorded (or OpenLLMetry's ``error.type``) is a failure too;
+    an ``ok`` one is not (the exception was handled)."""
+    error_type = exception_type or attributes.get("error.type")
+    error_type = error_type if isinstance(error_type, str) else None
+    return status == "error" or (status == "unset" and error_type is not None), error_type
 
 
 def kind_of(name: str, attributes: Mapping[str, Any]) -> Kind | None:
