@@ -267,8 +267,11 @@ class _Receiver:
         def parse() -> Received:
             return receive(decode(proto, inflate(raw, encoding, self.max_bytes), media), scope)
 
+        # A compressed body is parsed off the loop whatever its size on the wire: inflated, it may
+        # be up to the limit.
+        size = len(raw) if encoding in ("", "identity") else self.max_bytes
         try:
-            received = await off_loop(parse, len(raw))
+            received = await off_loop(parse, size)
         except Undecodable as exc:
             return _answer(proto, proto.status(code=INVALID_ARGUMENT, message=str(exc)), media, 400)
         if received.events:

@@ -1,5 +1,6 @@
 """W3C Trace Context through the gateway: a client's ``traceparent`` and ``tracestate`` go on to
-the worker (SGLang reads them to join its request spans to the caller's trace), and the trace id
+the worker (SGLang started with ``--enable-trace`` reads them from the request headers, in its
+tokenizer manager, to join its request spans to the caller's trace), and the trace id
 goes on the request's ``llm.start`` and ``llm.end`` (``trace_id``), so a model call in the store
 can be found from the agent's trace and back.
 
