@@ -68,6 +68,9 @@ Seconds = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 NonNegative = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
 Tokens = Annotated[int, Strict(), Field(ge=0, le=INT64_MAX)]
 Flag = Annotated[bool, Strict()]
+#: A W3C trace id (32 lower-case hex digits): the trace a model call ran in, as the caller's
+#: ``traceparent`` or the OpenTelemetry span it was read from names it.
+TraceId = Annotated[str, Strict(), Field(pattern=r"^[0-9a-f]{32}$")]
 
 # Instances are re-checked field by field when given to an adapter (``check_event``).
 _STRICT = ConfigDict(extra="forbid", revalidate_instances="always")
@@ -105,6 +108,7 @@ class LLMStart(Event):
     request_id: Id
     model: Name | None = None
     prompt_tokens: Tokens | None = None
+    trace_id: TraceId | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,6 +121,7 @@ class LLMEnd(Event):
     worker: Annotated[str, Strict(), Field(max_length=1024)] | None = None
     ttft_s: NonNegative | None = None
     status: Literal["ok", "error", "cancelled"] = "ok"
+    trace_id: TraceId | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

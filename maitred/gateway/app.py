@@ -25,6 +25,7 @@ from maitred.gateway.ingest import HookMapper, add_admin_routes
 from maitred.gateway.loop import LiveConfig, LiveDriver
 from maitred.gateway.metrics import Metrics
 from maitred.gateway.origin import LOOPBACK_HOSTS, OriginGuard
+from maitred.gateway.otlp_receiver import add_otlp_route
 from maitred.gateway.proxy import Proxy, add_proxy_routes
 from maitred.gateway.proxy_config import ProxyConfig
 from maitred.gateway.sglang.client import SGLangClient
@@ -148,6 +149,7 @@ def build_app(
     proxy = Proxy(runtime, cfg.proxy, max_connections=cfg.max_connections, tokens=tokens)
     add_proxy_routes(app, proxy if cfg.workers else None)
     add_admin_routes(app, runtime, tokens=tokens, max_events_bytes=cfg.max_events_bytes, hook_mapper=hook_mapper)
+    add_otlp_route(app, runtime, tokens=tokens, max_bytes=cfg.max_events_bytes)
     gateway = Gateway(app, runtime, client, proxy)
     return gateway
 

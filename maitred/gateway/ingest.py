@@ -248,6 +248,22 @@ class _AdminRoutes:
         )
 
 
+def guarded(tokens: Tokens, handler: Callable[[Request, Scope], Any]) -> Callable[[Request], Any]:
+    """An ingest or admin endpoint: the request's token decides its scope (401 without one when
+    tokens are set), a refusal answers in maitred's error shape, a client gone mid-body gets 499."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(request, tokens.scope_of(request))
+        except HTTPProblem as exc:
+            return exc.response()
+        except ClientGone:
+            log.debug("maitred: client left %s before sending its whole body", request.url.path)
+            return Response(status_code=499)
+
+    return endpoint
+
+
 def add_admin_routes(
     app: FastAPI,
     runtime: LiveDriver,
@@ -258,19 +274,6 @@ def add_admin_routes(
 ) -> None:
     mapper, payload_error = hook_mapper if hook_mapper is not None else claude_code_mapper()
     r = _AdminRoutes(runtime, max_events_bytes=max_events_bytes, mapper=mapper, payload_error=payload_error)
-
-    def guarded(handler: Callable[[Request, Scope], Any]) -> Callable[[Request], Any]:
-        async def endpoint(request: Request) -> Response:
-            try:
-                return await handler(request, tokens.scope_of(request))
-            except HTTPProblem as exc:
-                return exc.response()
-            except ClientGone:
-                log.debug("maitred: client left %s before sending its whole body", request.url.path)
-                return Response(status_code=499)
-
-        return endpoint
-
     for path, handler, method in (
         ("/v1/events", r.events, "POST"),
         ("/v1/hooks/claude-code", r.claude_code, "POST"),
@@ -280,6 +283,6 @@ def add_admin_routes(
         ("/v1/stats/tools", r.tool_stats, "GET"),
         ("/v1/journal", r.journal, "GET"),
     ):
-        app.add_route(path, guarded(handler), methods=[method], include_in_schema=False)
+        app.add_route(path, guarded(tokens, handler), methods=[method], include_in_schema=False)
     app.add_route("/metrics", r.metrics, methods=["GET"], include_in_schema=False)
     app.add_route("/healthz", r.healthz, methods=["GET"], include_in_schema=False)

@@ -151,16 +151,18 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
         model: str | None,
         prompt_tokens: int | None,
         store: bool = True,
+        trace_id: str | None = None,
     ) -> Admission:
-        """Wait until ``program_id`` may run, and say where. A request refused because no worker
-        is healthy leaves nothing behind of a program it created."""
+        """Wait until ``program_id`` may run, and say where; its ``llm.start`` is stored with the
+        caller's ``trace_id``. A request refused because no worker is healthy leaves nothing
+        behind of a program it created."""
         now = self.clock()
         known = program_id in self.state.programs
         prompt_tokens = clamp_tokens(prompt_tokens, token_limit(self.state.workers.values()))  # (``claims``)
         arrival = self.core.arrive(program_id, now, agent=agent, model=model, prompt_tokens=prompt_tokens, request_id=request_id)
         worker = arrival.worker
         if store and self.writer is not None:
-            self.writer.submit([arrival.event])
+            self.writer.submit([arrival.event if trace_id is None else replace(arrival.event, trace_id=trace_id)])
         self._handoff_prompts.pop(program_id, None)  # the consumer asked: its warmup is moot
         warming = self._warming.pop(program_id, None)
         if warming is not None:  # overtaken by the real request: the warmup is moot
@@ -262,6 +264,7 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
         ok: bool,
         store: bool = True,
         size: PromptSize | None = None,
+        trace_id: str | None = None,
     ) -> None:
         """A request finished: what the worker reported updates the program (its context, and
         what is now cached where) and goes to the store."""
@@ -286,6 +289,7 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
             worker=worker if ok else None,
             ttft_s=ttft_s,
             status="ok" if ok else "error",
+            trace_id=trace_id,
         )
         self.core.observe(event)
         if store and self.writer is not None:

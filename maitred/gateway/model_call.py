@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from maitred.gateway.model_routes import Route
+from maitred.gateway.tracecontext import TraceContext
 from maitred.gateway.usage import PromptSize
 
 
@@ -27,6 +28,11 @@ class Call:
     injected_usage: bool = False
     size: PromptSize | None = None
     dropped: tuple[str, ...] = ()  # body fields not forwarded (``fields.screen_fields``)
+    trace: TraceContext | None = None  # the client's W3C trace context, passed on to the worker
+
+    @property
+    def trace_id(self) -> str | None:
+        return self.trace.trace_id if self.trace is not None else None
 
     @property
     def endpoint(self) -> str:

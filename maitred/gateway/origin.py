@@ -6,8 +6,10 @@ sent without asking: ``text/plain``, form encodings, or no content type at all),
 the page's owner re-points to 127.0.0.1 (DNS rebinding) lets it read the answers too. So:
 
 - every ``POST`` must say its body is JSON (``application/json``; ``/v1/events`` also takes
-  ``application/x-ndjson``), which no page can send without a CORS preflight that the gateway
-  never grants; otherwise 415 naming ``content-type``. maitred's own clients (the middleware's
+  ``application/x-ndjson``, and the OTLP receiver ``/v1/traces`` ``application/x-protobuf``,
+  OTLP/HTTP's binary encoding), which no page can send without a CORS preflight that the gateway
+  never grants (none of them is a CORS-safelisted type: only ``text/plain`` and the two form
+  encodings are); otherwise 415 naming ``content-type``. maitred's own clients (the middleware's
   HTTP sink, the Claude Code hook and Claude Code's http hooks, the LiteLLM callback) and the
   OpenAI and Anthropic SDKs all send ``application/json``.
 - the ``Host`` header must name the gateway: ``maitred serve --allowed-host`` (repeatable), by
@@ -29,8 +31,9 @@ from maitred.gateway.guard import error_response
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 ANY_HOST = "*"
 JSON_TYPES = frozenset({"application/json"})
-#: Paths that also take NDJSON (``maitred.events.loads_batch``).
-NDJSON_PATHS = frozenset({"/v1/events"})
+#: Paths that take another body type besides JSON: NDJSON events (``maitred.events.loads_batch``),
+#: and OTLP protobuf (``maitred.gateway.otlp_receiver``). Each needs a CORS preflight, as JSON does.
+OTHER_TYPES = {"/v1/events": frozenset({"application/x-ndjson"}), "/v1/traces": frozenset({"application/x-protobuf"})}
 
 
 def host_name(header: str) -> str:
@@ -83,7 +86,7 @@ class OriginGuard:
             )
         if scope["method"] == "POST":
             media = (content_type or "").partition(";")[0].strip().lower()
-            accepted = JSON_TYPES | {"application/x-ndjson"} if scope["path"] in NDJSON_PATHS else JSON_TYPES
+            accepted = JSON_TYPES | OTHER_TYPES.get(scope["path"], frozenset())
             if media not in accepted:
                 return (
                     415,

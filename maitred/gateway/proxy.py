@@ -55,6 +55,7 @@ from maitred.gateway.oversize import check_fits
 from maitred.gateway.passthrough import WORKER_DOWN, Piped, Relay
 from maitred.gateway.programid import take_program_id
 from maitred.gateway.proxy_config import ProxyConfig
+from maitred.gateway.tracecontext import trace_context
 from maitred.gateway.trust import OPEN, Scope, Tokens
 from maitred.gateway.usage import Usage, prompt_size, usage_of, warm_prompt
 
@@ -238,6 +239,7 @@ class Proxy:
             stream,
             self.runtime.new_request_id(),
             dropped=dropped,
+            trace=trace_context(request.headers),
         )
         if stream and route.api == "openai":
             options = body.get("stream_options")
@@ -274,6 +276,7 @@ class Proxy:
                     model=model,
                     prompt_tokens=estimate,
                     store=not call.anonymous,
+                    trace_id=call.trace_id,
                 ),
                 receive,
             )
@@ -290,7 +293,7 @@ class Proxy:
             try:
                 if call.stream:
                     return await self._stream(call, worker, url, content, started, receive)
-                status, payload, media_type = await unless_gone(self._post(url, content), receive)
+                status, payload, media_type = await unless_gone(self._post(url, content, _headers(call)), receive)
             except ClientGone:  # the client left: its connection to the worker was closed, which aborts it there
                 self._finish(call, worker, Usage(), None, ok=False)
                 raise
@@ -324,12 +327,12 @@ class Proxy:
             anthropic=call.route.anthropic,
         )
 
-    async def _post(self, url: str, content: bytes) -> tuple[int, bytes, str]:
+    async def _post(self, url: str, content: bytes, headers: dict[str, str]) -> tuple[int, bytes, str]:
         """One whole answer from a worker. Cancelled (the client left), the connection is closed,
         not returned to the pool: SGLang aborts a request whose connection closes (it checks
         every ``SGLANG_REQUEST_STATE_WAIT_TIMEOUT``, 4 s, while generating), so the worker stops
         generating an answer nobody will read."""
-        async with self.session.post(url, data=content, headers=JSON) as response:
+        async with self.session.post(url, data=content, headers=headers) as response:
             try:
                 payload = await response.read()
             except asyncio.CancelledError:
@@ -349,7 +352,7 @@ class Proxy:
             raise NoWorkerAvailable("every worker is down")
         content = orjson.dumps(call.body) if call.changed else call.raw
         try:
-            async with self.session.post(worker + call.path, data=content, headers=JSON) as response:
+            async with self.session.post(worker + call.path, data=content, headers=_headers(call)) as response:
                 payload = await response.read()
                 status, media_type = response.status, response.headers.get("content-type", "application/json")
         except (TimeoutError, *WORKER_DOWN) as exc:
@@ -390,6 +393,7 @@ class Proxy:
             ttft_s=ttft_s,
             ok=ok,
             store=not call.anonymous,
+            trace_id=call.trace_id,
         )
         if call.anonymous:
             self.runtime.end_anonymous(call.program_id)
@@ -408,7 +412,7 @@ class Proxy:
                 runtime.inflight[worker] -= 1
 
         try:
-            upstream = await unless_gone(self.session.post(url, data=content, headers=JSON), receive)
+            upstream = await unless_gone(self.session.post(url, data=content, headers=_headers(call)), receive)
         except BaseException:
             release()
             raise
@@ -436,6 +440,11 @@ class Proxy:
         return Relay(
             piped.relay(first, chunks), on_close=piped.close, media_type=upstream.headers.get("content-type", "text/event-stream")
         )
+
+
+def _headers(call: Call) -> dict[str, str]:
+    """What goes to the worker with the body: its type, and the client's trace context (``tracecontext``)."""
+    return JSON if call.trace is None else {**JSON, **call.trace.headers}
 
 
 def _json(content: bytes) -> Any:

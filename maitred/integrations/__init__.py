@@ -7,4 +7,7 @@ LangGraph, LiteLLM or the OpenAI Agents SDK, and the Claude Code command hook st
 - ``maitred.integrations.langgraph``: ``MaitredMiddleware`` and ``MaitredCallbackHandler``.
 - ``maitred.integrations.openai_agents``: ``MaitredTracingProcessor`` and ``MaitredRunHooks``.
 - ``maitred.integrations.litellm``: ``MaitredLogger`` for the LiteLLM proxy.
+- ``maitred.integrations.otel``: ``MaitredSpanProcessor`` for OpenTelemetry spans (OpenInference,
+  OpenLLMetry, GenAI conventions); ``otel_spans`` is its span mapping, which imports no
+  OpenTelemetry and is shared with the gateway's OTLP receiver.
 """

@@ -8,7 +8,7 @@ never succeed, so the emitter drops it instead of retrying forever.
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import httpx
@@ -140,6 +140,23 @@ class StoreSink:
             self._store = None
 
 
+def trace_injector() -> Callable[[MutableMapping[str, str]], None] | None:
+    """What writes the active W3C trace context (``traceparent``, ``tracestate``) into a request's
+    headers, when ``opentelemetry-api`` is installed; None otherwise (it is no dependency of
+    maitred's). W3C's propagator alone, not the application's global one: a request to maitred
+    carries the trace context and nothing else the application propagates (its baggage)."""
+    try:
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    except ImportError:
+        return None
+    propagator = TraceContextTextMapPropagator()
+
+    def inject(headers: MutableMapping[str, str]) -> None:
+        propagator.inject(headers)
+
+    return inject
+
+
 class HttpSink:
     """POSTs batches as JSON arrays to ``<runtime_url>/v1/events``, at most
     ``max_events_per_request`` events per request so a deep queue never makes a body the
@@ -148,7 +165,12 @@ class HttpSink:
 
     The client (and its keep-alive connections) is made on the first batch, in the emitter's
     thread: building one costs about 20 ms (its TLS context), which neither ``configure`` nor a
-    forked child should pay on the caller's thread."""
+    forked child should pay on the caller's thread.
+
+    A request sent while an OpenTelemetry span is active carries its ``traceparent`` (with
+    ``opentelemetry-api`` installed): the one active where ``send`` runs, which for the
+    emitter's own thread is a span only where the application's instrumentation puts one
+    (events name their own traces: ``trace_id`` on model calls)."""
 
     def __init__(
         self,
@@ -165,6 +187,7 @@ class HttpSink:
         if token:
             self.headers["authorization"] = f"Bearer {token}"
         self._client: httpx.Client | None = None
+        self._inject: Callable[[MutableMapping[str, str]], None] | None = None
         self._refusals = Throttled()
 
     def send(self, events: Sequence[Event]) -> int:
@@ -177,7 +200,11 @@ class HttpSink:
     def _post(self, events: Sequence[Event]) -> int:
         if self._client is None:
             self._client = httpx.Client(headers=self.headers, timeout=self.timeout_s)
-        response = self._client.post(self.url, content=dumps_batch(events))
+            self._inject = trace_injector()
+        trace: dict[str, str] = {}
+        if self._inject is not None:
+            self._inject(trace)
+        response = self._client.post(self.url, content=dumps_batch(events), headers=trace or None)
         if response.status_code in (400, 413, 422):
             self._refusals.warning(
                 "maitred: %s refused %d events: %s %s", self.url, len(events), response.status_code, response.text[:300]

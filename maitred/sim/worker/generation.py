@@ -246,6 +246,9 @@ async def _start(
     """Read, check and queue a generation request, the same for every endpoint but for its
     parser and its error body."""
     sim: SimWorker = request.app.state.sim
+    traceparent = request.headers.get("traceparent")
+    if traceparent is not None:
+        sim.trace_contexts.append((request.url.path, traceparent))
     try:
         body = await _json_object(request)
         prompt, reply, stream = parse(sim, body)

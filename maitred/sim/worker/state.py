@@ -6,6 +6,7 @@ of them imports another to get it.
 """
 
 import time
+from collections import deque
 
 from maitred.sim.engine import WorkerModel
 from maitred.sim.profile import EngineProfile
@@ -14,6 +15,9 @@ from maitred.sim.worker.engine import RealtimeEngine
 from maitred.sim.worker.kv_events import KVEventPublisher, KVEventsConfig
 
 CONTEXT_LENGTH = 131_072  # the bundled config.json's max_position_embeddings
+#: Generation requests whose W3C ``traceparent`` the worker keeps, newest last (what a test of
+#: trace propagation through the gateway reads; SGLang joins its request spans to that trace).
+TRACE_CONTEXTS_KEPT = 1_000
 
 
 class SimWorker:
@@ -39,6 +43,8 @@ class SimWorker:
         )
         self.engine = RealtimeEngine(worker, config.time_scale)
         self.started = time.time()
+        #: ``(path, traceparent)`` of the latest generation requests that carried one.
+        self.trace_contexts: deque[tuple[str, str]] = deque(maxlen=TRACE_CONTEXTS_KEPT)
         self.max_input = min(CONTEXT_LENGTH, self.gpu_tokens) - 1
         self.kv_events = KVEventsConfig.parse(config.kv_events_config) if config.kv_events_config else None
         self.publisher = KVEventPublisher(self.kv_events, self.engine) if self.kv_events else None
