@@ -112,6 +112,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-db", action="store_true", help="keep no history (events only update the live state)")
     parser.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        default=None,
+        help="also export the events it stores as OpenTelemetry GenAI spans over OTLP/HTTP to URL (a base URL "
+        "such as http://127.0.0.1:6006, or .../v1/traces; needs the otel extra; default: $MAITRED_OTLP_ENDPOINT)",
+    )
+    parser.add_argument(
         "--token",
         default=None,
         help="token (16 characters or more) every endpoint but /metrics and /healthz then needs, model routes "
@@ -295,6 +302,7 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
         db = args.db or default_db_url()
     elif args.db:
         raise _Refused("--no-db: cannot be combined with --db")
+    otlp = _otlp_endpoint(args.otlp_endpoint)
     sizing = {
         name: value
         for name, value in (("busy_margin", args.busy_margin), ("overcommit_headroom", args.overcommit_headroom))
@@ -330,7 +338,25 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
         max_events_bytes=args.max_events_mb,
         wait_for_workers_s=args.wait_for_workers,
         drain_timeout_s=args.drain_timeout,
+        otlp_endpoint=otlp,
     )
+
+
+def _otlp_endpoint(flag: str | None) -> str | None:
+    """``--otlp-endpoint``, else ``MAITRED_OTLP_ENDPOINT``, checked (a URL, the extra installed)."""
+    from maitred.middleware.otlp import require_otel, traces_url
+
+    endpoint, what = (
+        (flag, "--otlp-endpoint") if flag is not None else (os.environ.get("MAITRED_OTLP_ENDPOINT"), "MAITRED_OTLP_ENDPOINT")
+    )
+    if not endpoint:
+        return None
+    try:
+        traces_url(endpoint, what)
+        require_otel(what)
+    except ImportError as exc:
+        raise _Refused(str(exc)) from None
+    return endpoint
 
 
 def check_store(url: str) -> None:
