@@ -4,16 +4,13 @@ Phoenix itself is in ``tests/integrations/test_phoenix.py``."""
 
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="the otel extra is not installed")
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -24,59 +21,9 @@ from maitred.middleware.emitter import Emitter, EmitterSettings
 from maitred.middleware.otlp import OtlpSink, traces_url
 from maitred.middleware.otlp_spans import SpanPairs, span_context, trace_id
 from tests.helpers import free_port
+from tests.otlp_receiver import OtlpReceiver
 
 NOW = 1_760_000_000.0
-
-
-class OtlpReceiver:
-    """POST /v1/traces, decoded into plain dicts; answers ``status`` (200 unless told)."""
-
-    def __init__(self, port: int = 0, status: int = 200) -> None:
-        self.spans: list[dict[str, Any]] = []
-        self.requests = 0
-        self.status = status
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("content-length", 0)))
-                receiver.requests += 1
-                if receiver.status == 200:
-                    request = ExportTraceServiceRequest.FromString(body)
-                    receiver.spans += [_decoded(s) for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans]
-                self.send_response(receiver.status)
-                self.send_header("content-type", "application/x-protobuf")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-    def named(self, name: str) -> dict[str, Any]:
-        (span,) = [s for s in self.spans if s["name"] == name]
-        return span
-
-
-def _decoded(span: Any) -> dict[str, Any]:
-    def value(v: Any) -> Any:
-        return getattr(v, v.WhichOneof("value"))
-
-    return {
-        "name": span.name,
-        "trace_id": span.trace_id.hex(),
-        "span_id": span.span_id.hex(),
-        "parent": span.parent_span_id.hex(),
-        "attributes": {a.key: value(a.value) for a in span.attributes},
-        "events": [e.name for e in span.events],
-        "links": [link.span_id.hex() for link in span.links],
-    }
 
 
 @pytest.fixture
