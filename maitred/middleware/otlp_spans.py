@@ -50,6 +50,19 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _OPERATIONS = {"program": "invoke_agent", "llm": "chat", "tool": "execute_tool"}
 
 
+class FixedResource(Resource):
+    """A ``Resource`` whose hash is computed once: the exporter groups spans by resource, and
+    the SDK's hash serialises every attribute to JSON each time, once per span (a third of
+    the cost of encoding a tool call's span)."""
+
+    def __init__(self, resource: Resource) -> None:
+        super().__init__(resource.attributes, resource.schema_url)
+        self._cached_hash = super().__hash__()
+
+    def __hash__(self) -> int:
+        return self._cached_hash
+
+
 def _hash(size: int, *parts: str) -> int:
     digest = hashlib.blake2b("\x1f".join(parts).encode("utf-8", "surrogateescape"), digest_size=size).digest()
     return int.from_bytes(digest) or 1  # an all-zero id is invalid in OTLP
@@ -110,7 +123,7 @@ class SpanPairs:
     def __init__(self, resource: Resource, *, max_open: int = MAX_OPEN_SPANS) -> None:
         if max_open < 1:
             raise ValueError(f"max_open must be at least 1, got {max_open!r}")
-        self.resource = resource
+        self.resource = FixedResource(resource)
         self.max_open = max_open
         self._open: dict[tuple[str, str, str], _Open] = {}
 
