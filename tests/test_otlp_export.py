@@ -2,6 +2,7 @@
 real OTLP/HTTP receiver on 127.0.0.1 that decodes what it is sent with opentelemetry-proto.
 Phoenix itself is in ``tests/integrations/test_phoenix.py``."""
 
+import logging
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -176,7 +177,8 @@ def test_the_environment_variable_turns_the_export_on(receiver, tmp_path, monkey
     assert maitred.flush(10) and receiver.named("invoke_agent")["attributes"]["gen_ai.conversation.id"] == "p-env"
 
 
-def test_a_receiver_that_is_down_costs_no_events_they_go_when_it_is_back_each_span_once():
+def test_a_receiver_that_is_down_costs_no_events_they_go_when_it_is_back_each_span_once(caplog):
+    caplog.set_level(logging.INFO)
     port = free_port()
     emitter = Emitter(OtlpSink(f"http://127.0.0.1:{port}", timeout_s=0.5), EmitterSettings(interval_s=0.05, max_backoff_s=0.2))
     for event in _program("p-down"):
@@ -189,6 +191,11 @@ def test_a_receiver_that_is_down_costs_no_events_they_go_when_it_is_back_each_sp
         assert emitter.flush(20)
         assert sorted(s["name"] for s in receiver.spans) == ["chat qwen", "execute_tool pytest", "invoke_agent planner"]
         assert emitter.stats().delivered == 8 and emitter.stats().dropped == 0
+        # one warning for the outage and one when it is over; none from the exporter per attempt
+        assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
+            "maitred: OtlpSink unavailable, buffering events and retrying",
+            "maitred: OtlpSink reachable again",
+        ]
     finally:
         assert emitter.shutdown(5)
         receiver.close()

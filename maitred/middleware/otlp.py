@@ -82,7 +82,10 @@ class _Quiet(logging.Filter):
         self.exporting = threading.local()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not getattr(self.exporting, "on", False)
+        if not getattr(self.exporting, "on", False):
+            return True
+        self.exporting.last = record.getMessage()  # for the sink's own message
+        return False
 
 
 _quiet = _Quiet()
@@ -144,7 +147,7 @@ class OtlpSink:
             """Keeps the last answer (or error) for the sink's messages: the exporter only says
             SUCCESS or FAILURE."""
 
-            outcome: tuple[int | None, str] = (None, "no request made")
+            outcome: tuple[int | None, str] | None = None  # None: no request made
 
             def request(self, *args: Any, **kwargs: Any) -> Any:
                 try:
@@ -188,6 +191,7 @@ class OtlpSink:
 
         assert self._exporter is not None
         token = attach(set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))
+        self._session.outcome, _quiet.exporting.last = None, "no reason given"
         _quiet.exporting.on = True
         try:
             result = self._exporter.export([f.span for f in finished])
@@ -196,9 +200,12 @@ class OtlpSink:
             detach(token)
         if result is SpanExportResult.SUCCESS:
             return 0
+        count = sum(f.events for f in finished)
+        if self._session.outcome is None:  # never sent: it could not be encoded, or is over the size limit
+            self._refusals.warning("maitred: %d spans (%d events) not exported: %s", len(finished), count, _quiet.exporting.last)
+            return count
         status, detail = self._session.outcome
         if status in _REFUSED:
-            count = sum(f.events for f in finished)
             self._refusals.warning(
                 "maitred: %s refused %d spans (%d events): %s %s", self.url, len(finished), count, status, detail
             )
