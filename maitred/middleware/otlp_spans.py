@@ -16,6 +16,7 @@ sink never saw makes a span too, marked the same way (``maitred.missing="start"`
 Nothing here does I/O or reads the clock except ``close``'s end time; ``OtlpSink`` exports.
 """
 
+import functools
 import hashlib
 import time
 from collections.abc import Iterable, Mapping
@@ -68,6 +69,7 @@ def _hash(size: int, *parts: str) -> int:
     return int.from_bytes(digest) or 1  # an all-zero id is invalid in OTLP
 
 
+@functools.lru_cache(maxsize=4096)  # every span of a program asks for it (its own, its parent's)
 def trace_id(program_id: str) -> int:
     return _hash(16, "trace", program_id)
 
