@@ -24,7 +24,9 @@ class OtlpReceiver:
                 receiver.requests += 1
                 if receiver.status == 200:
                     request = ExportTraceServiceRequest.FromString(body)
-                    receiver.spans.extend(_decoded(s) for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans)
+                    receiver.spans.extend(
+                        _decoded(s, rs.resource) for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans
+                    )
                 self.send_response(receiver.status)
                 self.send_header("content-type", "application/x-protobuf")
                 self.end_headers()
@@ -45,12 +47,13 @@ class OtlpReceiver:
         return span
 
 
-def _decoded(span: Any) -> dict[str, Any]:
+def _decoded(span: Any, resource: Any) -> dict[str, Any]:
     def value(v: Any) -> Any:
         return getattr(v, v.WhichOneof("value"))
 
     return {
         "name": span.name,
+        "resource": {a.key: value(a.value) for a in resource.attributes},
         "trace_id": span.trace_id.hex(),
         "span_id": span.span_id.hex(),
         "parent": span.parent_span_id.hex(),

@@ -206,15 +206,14 @@ def test_a_receiver_that_is_down_costs_no_events_they_go_when_it_is_back_each_sp
 
 def test_spans_the_receiver_refuses_for_their_content_count_their_events_as_refused():
     receiver = OtlpReceiver(status=400)
-    emitter = Emitter(OtlpSink(receiver.url), EmitterSettings(interval_s=0.05))
+    sink = OtlpSink(receiver.url)
+    start, llm_start, llm_end = _program("p-refused")[:3]
     try:
-        for event in _program("p-refused")[:3]:  # program.start stays open; the chat span goes
-            emitter.emit(event)
-        assert not emitter.flush(10)
-        stats = emitter.stats()
-        assert stats.rejected == 2 and stats.dropped == 2 and stats.delivered == 1 and stats.queued == 0
+        assert sink.send([start, llm_start, llm_end]) == 2  # the chat span's two; program.start stays open
+        assert sink.send([llm_start]) == 0 and receiver.requests == 1  # nothing ended: nothing sent
+        assert sink.send([llm_end]) == 1  # its span holds two events, one of them in this batch
     finally:
-        emitter.shutdown(5)
+        sink.close()
         receiver.close()
 
 
@@ -228,6 +227,17 @@ def test_close_exports_what_is_still_open_marked_incomplete(receiver):
         "invoke_agent planner": True,
         "execute_tool sleep": True,
     }
+
+
+@pytest.mark.parametrize("env, service", [({}, "maitred"), ({"OTEL_SERVICE_NAME": "triage-agent"}, "triage-agent")])
+def test_the_service_name_is_maitred_unless_the_standard_variables_name_one(receiver, monkeypatch, env, service):
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    emitter = Emitter(OtlpSink(receiver.url))
+    emitter.emit(ToolEnd(ts=NOW, program_id="p-svc", call_id="c", duration_s=1.0))
+    assert emitter.shutdown(10)
+    assert [s["resource"]["service.name"] for s in receiver.spans] == [service]
 
 
 def test_a_missing_extra_is_one_line_naming_it():

@@ -163,7 +163,9 @@ class OtlpSink:
         self._exporter = OTLPSpanExporter(
             endpoint=self.url, headers=self.headers or None, timeout=self.timeout_s, session=self._session
         )
-        resource = Resource.create({"service.name": self.service_name})
+        resource = Resource.create()  # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, else the SDK's default
+        if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+            resource = resource.merge(Resource({"service.name": self.service_name}))
         self._pairs = SpanPairs(resource, max_open=self.max_open_spans or MAX_OPEN_SPANS)
         return self._pairs
 
@@ -182,7 +184,8 @@ class OtlpSink:
             except OtlpUnavailable:
                 self._retry = (events, finished[start:], refused)
                 raise
-        return refused
+        # a span holds events of earlier batches too (its start): this batch's count is the most
+        return min(refused, len(events))
 
     def _export(self, finished: "Sequence[Finished]") -> int:
         """Export one request's spans; returns the events refused with them, raises when not taken."""
