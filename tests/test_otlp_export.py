@@ -5,9 +5,11 @@ Phoenix itself is in ``tests/integrations/test_phoenix.py``."""
 import logging
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="the otel extra is not installed")
@@ -16,11 +18,27 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import SpanKind, StatusCode
 
 import maitred
-from maitred.events import Handoff, LLMEnd, LLMStart, ProgramEnd, ProgramStart, ProgramWait, ToolEnd, ToolProgress, ToolStart
+from maitred.events import (
+    Handoff,
+    LLMEnd,
+    LLMStart,
+    ProgramEnd,
+    ProgramStart,
+    ProgramWait,
+    ToolEnd,
+    ToolProgress,
+    ToolStart,
+    dumps_batch,
+)
+from maitred.gateway.app import ServeConfig, build_app
+from maitred.gateway.live_config import LiveConfig
 from maitred.gateway.serve import main as serve_main
+from maitred.harness.background import BackgroundServer
 from maitred.middleware.emitter import Emitter, EmitterSettings
 from maitred.middleware.otlp import OtlpSink, traces_url
 from maitred.middleware.otlp_spans import SpanPairs, span_context, trace_id
+from maitred.sim.worker.app import create_app
+from maitred.sim.worker.config import SimWorkerConfig
 from tests.helpers import free_port, wait_until
 from tests.otlp_receiver import OtlpReceiver
 
@@ -256,3 +274,33 @@ def test_serve_refuses_a_bad_otlp_endpoint_in_one_line_naming_the_flag(capsys):
     assert capsys.readouterr().err.strip() == (
         "maitred serve: error: --otlp-endpoint: expected an http:// or https:// URL of an OTLP/HTTP receiver, got 'localhost:4318'"
     )
+
+
+def test_the_gateway_exports_the_model_calls_it_proxies_under_the_program_posted_to_it(receiver):
+    with BackgroundServer(create_app(SimWorkerConfig(gpu_tokens=50_000, time_scale=20.0))) as sim:
+        gateway = build_app(
+            ServeConfig([sim.url], runtime=LiveConfig(tick_s=0.2, poll_s=0.2), wait_for_workers_s=10, otlp_endpoint=receiver.url)
+        )
+        with BackgroundServer(gateway.app) as server:
+            post = {"headers": {"content-type": "application/json"}, "timeout": 30}
+            start = ProgramStart(ts=time.time(), program_id="p-gw", agent="coder")
+            assert httpx.post(f"{server.url}/v1/events", content=dumps_batch([start]), **post).status_code == 200
+            body = {
+                "model": "sim",
+                "program_id": "p-gw",
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": "fix it " * 50}],
+            }
+            answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
+            assert answer.status_code == 200, answer.text
+            end = ProgramEnd(ts=time.time(), program_id="p-gw", agent="coder")
+            assert httpx.post(f"{server.url}/v1/events", content=dumps_batch([end]), **post).status_code == 200
+        # the gateway's shutdown drained its exporter
+    agent = receiver.named("invoke_agent coder")
+    (chat,) = [s for s in receiver.spans if s["attributes"].get("gen_ai.operation.name") == "chat"]
+    assert chat["parent"] == agent["span_id"] and chat["trace_id"] == agent["trace_id"] == f"{trace_id('p-gw'):032x}"
+    usage = answer.json()["usage"]
+    assert chat["attributes"]["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
+    assert chat["attributes"]["gen_ai.usage.output_tokens"] == usage["completion_tokens"]
+    assert chat["attributes"]["maitred.worker"] == sim.url and chat["attributes"]["gen_ai.response.id"].startswith("gw-")
+    assert "maitred.incomplete" not in chat["attributes"]
