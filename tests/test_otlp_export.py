@@ -258,6 +258,21 @@ def test_the_service_name_is_maitred_unless_the_standard_variables_name_one(rece
     assert [s["resource"]["service.name"] for s in receiver.spans] == [service]
 
 
+def test_a_program_that_exits_without_flushing_still_exports_its_spans(receiver):
+    """The first batch can be sent at interpreter exit (by shutdown), when the SDK's thread
+    pools refuse work and new exit hooks cannot be registered."""
+    code = (
+        "import maitred\n"
+        f"maitred.configure(sinks=[], otlp_endpoint={receiver.url!r})\n"
+        "with maitred.program('p-exit', agent='a'):\n"
+        "    with maitred.tool_call('t'):\n"
+        "        pass\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == ""
+    assert sorted(s["name"] for s in receiver.spans) == ["execute_tool t", "invoke_agent a"]
+
+
 def test_a_missing_extra_is_one_line_naming_it():
     code = (
         "import sys; sys.modules['opentelemetry.exporter.otlp.proto.http'] = None\n"

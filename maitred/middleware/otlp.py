@@ -139,7 +139,7 @@ class OtlpSink:
         """The exporter and the pairing state, on the emitter's thread at the first batch."""
         import requests
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 
         from maitred.middleware.otlp_spans import MAX_OPEN_SPANS, SpanPairs
 
@@ -163,8 +163,11 @@ class OtlpSink:
         self._exporter = OTLPSpanExporter(
             endpoint=self.url, headers=self.headers or None, timeout=self.timeout_s, session=self._session
         )
-        resource = Resource.create()  # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, else the SDK's default
-        if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        # OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME, read by the SDK's detector itself:
+        # ``Resource.create`` would run its detectors on a thread pool, which refuses work at
+        # interpreter exit, where a last batch may still be sent.
+        resource = OTELResourceDetector().detect()
+        if not resource.attributes.get("service.name"):
             resource = resource.merge(Resource({"service.name": self.service_name}))
         self._pairs = SpanPairs(resource, max_open=self.max_open_spans or MAX_OPEN_SPANS)
         return self._pairs
