@@ -13,7 +13,19 @@ settings into a fresh SQLite file and a fresh PostgreSQL schema (``--postgres`` 
 ``flush()`` returns; ``end_to_end_dropped`` counts what the emitter dropped on the way (the
 goal is 0). The store is opened (migrations run) before the clock starts.
 
+OTLP export (``--otlp-rounds``; 0 skips it): a tool call's cost with the SQLite store sink alone
+and with the OTLP sink beside it, exporting to a real OTLP/HTTP receiver on 127.0.0.1
+(``tests/otlp_receiver.py``), measured as above (instrumented minus bare, medians of rounds,
+the two configurations alternating round by round); ``otlp_added_us`` is the difference (the
+goal is at most 2 µs). The span building and encoding run on the OTLP emitter's thread, so wall
+time includes the share of the interpreter that thread takes; the CPU figures do not. Then
+``--otlp-loss-calls`` tool calls while the receiver is down (a port that refuses), the
+receiver started on that port, and ``flush()``: ``otlp_receiver_down`` says how many events
+were dropped (the goal is 0 while the queue has room) and how many spans arrived; and the
+same with a receiver that never comes back, where shutdown counts what it could not deliver.
+
     python benchmarks/bench_middleware.py [--rounds 200] [--calls 2000] [--e2e-calls 100000] [--postgres URL]
+        [--otlp-rounds 20] [--otlp-loss-calls 10000]
 """
 
 import argparse
@@ -21,17 +33,19 @@ import asyncio
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 from reference import reference_s
 from sqlalchemy import create_engine, text
 
 import maitred
-from maitred.middleware import EmitterSettings
+from maitred.middleware import EmitterSettings, config
 
 
 class NullSink:
@@ -115,6 +129,91 @@ def end_to_end(url: str, calls: int) -> tuple[float, int]:
     return 2 * calls / took, stats.dropped
 
 
+def otlp_cost(rounds: int, calls: int, folder: Path) -> dict[str, float]:
+    """Added µs per tool call with the store sink, and with the store and OTLP sinks, same run."""
+    sys.path.insert(0, str(Path(__file__).parents[1]))  # the tests' OTLP receiver, one copy of it
+    from tests.otlp_receiver import OtlpReceiver
+
+    receiver = OtlpReceiver()
+    store = f"sqlite:///{folder / 'otlp-cost.db'}"
+    inst = maitred.tool(name="bench")(bare)
+    runs: dict[str, list[tuple[float, float]]] = {"store": [], "store_otlp": []}
+    try:
+        for _ in range(rounds):
+            for name, endpoint in (("store", None), ("store_otlp", receiver.url)):
+                maitred.configure(db_url=store, otlp_endpoint=endpoint)
+                with maitred.program(f"bench-{name}", agent="bench"):
+                    inst(0)
+                    assert maitred.flush(timeout=60), "the store did not open"
+                    runs[name].append(added(per_call_us(inst, calls), per_call_us(bare, calls)))
+                maitred.shutdown(timeout=60)
+    finally:
+        receiver.close()
+    wall = {name: statistics.median(w for w, _ in rows) for name, rows in runs.items()}
+    cpu = {name: statistics.median(c for _, c in rows) for name, rows in runs.items()}
+    print(
+        f"otlp cost: rounds={rounds} calls/round={calls}; per tool call {wall['store']:.2f} us with the store sink, "
+        f"{wall['store_otlp']:.2f} us with the OTLP sink beside it ({len(receiver.spans)} spans received)"
+    )
+    return {
+        "tool_call_us_store": round(wall["store"], 2),
+        "tool_call_us_store_otlp": round(wall["store_otlp"], 2),
+        "otlp_added_us": round(wall["store_otlp"] - wall["store"], 2),
+        "tool_call_cpu_us_store": round(cpu["store"], 2),
+        "tool_call_cpu_us_store_otlp": round(cpu["store_otlp"], 2),
+        "otlp_added_cpu_us": round(cpu["store_otlp"] - cpu["store"], 2),
+    }
+
+
+def otlp_loss(calls: int) -> dict[str, Any]:
+    """Events lost while the receiver is down: kept and delivered when it comes back; counted
+    when it never does."""
+    from maitred.harness.background import free_port
+    from tests.otlp_receiver import OtlpReceiver
+
+    inst = maitred.tool(name="bench")(bare)
+    result: dict[str, Any] = {"tool_calls": calls, "events": 2 * calls + 2}
+    for comes_back in (True, False):
+        port = free_port()
+        maitred.configure(sinks=[], otlp_endpoint=f"http://127.0.0.1:{port}")
+        with maitred.program(f"bench-down-{comes_back}", agent="bench"):
+            for i in range(calls):
+                inst(i)
+        maitred.flush(timeout=2.0)  # refused: nothing can go yet
+        (down,) = maitred.stats()
+        if comes_back:
+            receiver = OtlpReceiver(port)
+            began = time.perf_counter()
+            delivered_all = maitred.flush(timeout=300)
+            took = time.perf_counter() - began
+            (stats,) = maitred.stats()
+            maitred.shutdown()
+            receiver.close()
+            result["back"] = {
+                "queued_while_down": down.queued,
+                "dropped_while_down": down.dropped,
+                "dropped": stats.dropped,
+                "delivered": stats.delivered,
+                "flush_ok": delivered_all,
+                "spans_received": len(receiver.spans),
+                "spans_expected": calls + 1,
+                "seconds_to_deliver_once_back": round(took, 2),
+            }
+        else:
+            (emitter,) = config._emitters or []  # its counters outlive the shutdown
+            began = time.perf_counter()
+            maitred.shutdown(timeout=5.0)
+            took = time.perf_counter() - began
+            result["never_back"] = {
+                "queued_at_shutdown": down.queued,
+                "dropped_counted": emitter.stats().dropped,
+                "delivered": emitter.stats().delivered,
+                "shutdown_s": round(took, 2),
+            }
+    print(f"otlp receiver down: {json.dumps(result)}")
+    return result
+
+
 def postgres_schema(url: str) -> tuple[str, str]:
     schema = f"bench_{uuid.uuid4().hex[:10]}"
     with create_engine(url).begin() as conn:
@@ -129,8 +228,14 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--e2e-calls", type=int, default=100_000)
     parser.add_argument("--postgres", default=os.environ.get("MAITRED_TEST_POSTGRES_URL"))
+    parser.add_argument("--otlp-rounds", type=int, default=20, help="rounds of the OTLP cost (0: skip the OTLP figures)")
+    parser.add_argument("--otlp-loss-calls", type=int, default=10_000)
     args = parser.parse_args()
     result: dict[str, object] = overhead(args.rounds, args.calls)
+    if args.otlp_rounds:
+        with tempfile.TemporaryDirectory() as tmp:
+            result["otlp"] = otlp_cost(args.otlp_rounds, args.calls, Path(tmp))
+        result["otlp_receiver_down"] = otlp_loss(args.otlp_loss_calls)
     rates: dict[str, float | None] = {"sqlite": None, "postgresql": None}
     dropped: dict[str, int | None] = {"sqlite": None, "postgresql": None}
     with tempfile.TemporaryDirectory() as tmp:

@@ -19,19 +19,14 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from maitred.middleware import (
-        EmitterSettings,
-        agent,
-        configure,
-        flush,
-        handoff,
-        llm_call,
-        program,
-        shutdown,
-        stats,
-        tool,
-        tool_call,
-    )
+    # From the defining modules: ``maitred.middleware.program`` is both a module and the function
+    # the package re-exports, and mypy may take the package's name for the module.
+    from maitred.middleware.config import configure, flush, shutdown, stats
+    from maitred.middleware.emitter import EmitterSettings
+    from maitred.middleware.handoff import handoff
+    from maitred.middleware.llm import llm_call
+    from maitred.middleware.program import agent, program
+    from maitred.middleware.tool import tool, tool_call
 
 __version__ = "0.1.0"
 __all__ = [

@@ -520,14 +520,15 @@ OTEL_ATTRIBUTES: dict[str, str] = {
 
 
 def to_otel_attributes(event: Event) -> dict[str, Any]:
-    """Span attributes for an optional OTel export: GenAI names where defined, ``maitred.*`` else.
+    """Span attributes for the OTLP export (``maitred.middleware.otlp``): GenAI names where
+    defined, ``maitred.*`` else.
 
     Values OTel attributes cannot hold (lists of messages, dicts) are left out; the event log
-    keeps them.
+    keeps them. ``ts`` is left out too: it is the time of the span or span event itself.
     """
     attrs: dict[str, Any] = {"maitred.event.type": event.TYPE}
     for key, value in encode_event(event).items():
-        if key in ("v", "type") or isinstance(value, (list, dict)):
+        if key in ("v", "type", "ts") or isinstance(value, (list, dict)):
             continue
         attrs[OTEL_ATTRIBUTES.get(key, f"maitred.{key}")] = value
     return attrs

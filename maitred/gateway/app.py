@@ -53,6 +53,7 @@ class ServeConfig:
     wait_for_workers_s: float = 0.0  # at start, wait this long for one healthy worker
     drain_timeout_s: float = 10.0  # at shutdown, how long queued events get to reach the store
     metrics_max_tools: int = MAX_TOOLS  # tools given a label of their own on /metrics; the rest are "other"
+    otlp_endpoint: str | None = None  # also export the stored events as OpenTelemetry spans there
 
 
 @dataclass
@@ -105,6 +106,11 @@ def build_app(
             # at start is not waited for beyond its own timeouts: its programs come back when
             # it opens, except those a request has brought back first.
             await asyncio.to_thread(runtime.writer.first_attempt.wait)
+        if cfg.otlp_endpoint is not None:
+            from maitred.middleware.emitter import Emitter
+            from maitred.middleware.otlp import OtlpSink
+
+            runtime.exporter = Emitter(OtlpSink(cfg.otlp_endpoint), name="otlp")
         gateway.loop = asyncio.get_running_loop()
         await proxy.start()
         await runtime.start(wait_for_workers_s=cfg.wait_for_workers_s)
@@ -133,6 +139,8 @@ def build_app(
             await client.aclose()
             if runtime.writer is not None:
                 await asyncio.to_thread(runtime.writer.close, cfg.drain_timeout_s)
+            if runtime.exporter is not None:
+                await asyncio.to_thread(runtime.exporter.shutdown, cfg.drain_timeout_s)
             if on_shutdown is not None:
                 await asyncio.to_thread(on_shutdown)
 

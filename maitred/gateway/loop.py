@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from maitred.events import Event, Handoff, LLMEnd, ProgramEnd, ToolEnd
 from maitred.gateway.health import WorkerWatch
@@ -45,6 +46,9 @@ from maitred.runtime.core import CoreConfig, Plan, RuntimeCore, StepResult
 from maitred.runtime.decisions import Decision
 from maitred.runtime.records import SignalConfig, WorkerState
 from maitred.runtime.state import RuntimeState, Snapshot
+
+if TYPE_CHECKING:
+    from maitred.middleware.emitter import Emitter
 
 log = logging.getLogger("maitred.service")
 
@@ -68,6 +72,9 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
     cfg: LiveConfig = field(default_factory=LiveConfig)
     metrics: Metrics = field(default_factory=Metrics)
     writer: StoreWriter | None = None
+    #: ``maitred serve --otlp-endpoint``: what goes to the store is also exported, from this
+    #: emitter's thread (``emit`` only appends to its queue).
+    exporter: "Emitter | None" = None
     clock: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
@@ -161,8 +168,8 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
         prompt_tokens = clamp_tokens(prompt_tokens, token_limit(self.state.workers.values()))  # (``claims``)
         arrival = self.core.arrive(program_id, now, agent=agent, model=model, prompt_tokens=prompt_tokens, request_id=request_id)
         worker = arrival.worker
-        if store and self.writer is not None:
-            self.writer.submit([arrival.event if trace_id is None else replace(arrival.event, trace_id=trace_id)])
+        if store:
+            self._record([arrival.event if trace_id is None else replace(arrival.event, trace_id=trace_id)])
         self._handoff_prompts.pop(program_id, None)  # the consumer asked: its warmup is moot
         warming = self._warming.pop(program_id, None)
         if warming is not None:  # overtaken by the real request: the warmup is moot
@@ -209,8 +216,8 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
             self._forget(program_id)
             return
         event = self.core.abandon(program_id, self.clock(), request_id=request_id)
-        if event is not None and store and self.writer is not None:
-            self.writer.submit([event])
+        if event is not None and store:
+            self._record([event])
 
     def cut_short(self, program_id: str, request_id: str, *, anonymous: bool) -> None:
         """A request ended by the gateway's shutdown before its answer: its step ends
@@ -292,8 +299,16 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
             trace_id=trace_id,
         )
         self.core.observe(event)
-        if store and self.writer is not None:
-            self.writer.submit([event])
+        if store:
+            self._record([event])
+
+    def _record(self, events: list[Event]) -> None:
+        """Events for history: the store writer, and the OTLP export beside it; neither waits."""
+        if self.writer is not None:
+            self.writer.submit(events)
+        if self.exporter is not None:
+            for event in events:
+                self.exporter.emit(event)
 
     def end_anonymous(self, program_id: str) -> None:
         """A request without a program id is a one-step program: forget it once answered."""
@@ -341,8 +356,7 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
                 self._forget(e.program_id)
                 self._let_through(e.program_id)
         self.metrics.events.inc(len(events))
-        if self.writer is not None:
-            self.writer.submit(events)
+        self._record(events)
         if handoff:
             self.kick_soon()
         return duplicates

@@ -125,6 +125,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-db", action="store_true", help="keep no history (events only update the live state)")
     parser.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        type=_otlp_url,
+        default=None,
+        help="also export the events it stores as OpenTelemetry GenAI spans over OTLP/HTTP to URL (a base URL "
+        "such as http://127.0.0.1:6006, or .../v1/traces; needs the otel extra; default: $MAITRED_OTLP_ENDPOINT)",
+    )
+    parser.add_argument(
         "--token",
         default=None,
         help="token (16 characters or more) every endpoint but /metrics and /healthz then needs, model routes "
@@ -317,6 +325,7 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
         db = args.db or default_db_url()
     elif args.db and sources.get("db", "--db") == "--db":  # over a database from $MAITRED_DB or a file, --no-db wins
         raise _Refused("--no-db: cannot be combined with --db")
+    otlp = _otlp_endpoint(args.otlp_endpoint, sources.get("otlp_endpoint", "--otlp-endpoint"))
     sizing = {
         name: value
         for name, value in (("busy_margin", args.busy_margin), ("overcommit_headroom", args.overcommit_headroom))
@@ -353,7 +362,33 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
         wait_for_workers_s=args.wait_for_workers,
         drain_timeout_s=args.drain_timeout,
         metrics_max_tools=args.metrics_max_tools,
+        otlp_endpoint=otlp,
     )
+
+
+def _otlp_url(text: str) -> str:
+    """``--otlp-endpoint``'s type: an http(s) URL (the same check for a flag, a variable or a file)."""
+    from maitred.middleware.otlp import traces_url
+
+    try:
+        traces_url(text, "URL")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("URL: ")) from None
+    return text
+
+
+def _otlp_endpoint(endpoint: str | None, where: str) -> str | None:
+    """The export's endpoint, refused in one line naming ``where`` it came from when the otel
+    extra is missing."""
+    from maitred.middleware.otlp import require_otel
+
+    if not endpoint:
+        return None
+    try:
+        require_otel(where)
+    except ImportError as exc:
+        raise _Refused(str(exc)) from None
+    return endpoint
 
 
 def check_store(url: str) -> None:

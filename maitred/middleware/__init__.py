@@ -4,6 +4,7 @@ from maitred.middleware.config import configure, emit, flush, shutdown, stats
 from maitred.middleware.emitter import Emitter, EmitterSettings, EmitterStats
 from maitred.middleware.handoff import handoff
 from maitred.middleware.llm import llm_call
+from maitred.middleware.otlp import OtlpSink
 from maitred.middleware.program import agent, program
 from maitred.middleware.sinks import HttpSink, PermanentSinkError, Sink, StoreSink
 from maitred.middleware.tool import ToolCall, tool, tool_call
@@ -13,6 +14,7 @@ __all__ = [
     "EmitterSettings",
     "EmitterStats",
     "HttpSink",
+    "OtlpSink",
     "PermanentSinkError",
     "Sink",
     "StoreSink",

@@ -1,7 +1,17 @@
 """Process-wide telemetry settings: which sinks events go to, and the emitters that carry them.
 
 Nothing is built at import. The first event (or ``configure``) creates the emitters from the
-arguments or the environment (``MAITRED_URL``, ``MAITRED_DB``, ``MAITRED_TOKEN``).
+arguments or the environment (``MAITRED_URL``, ``MAITRED_DB``, ``MAITRED_TOKEN``,
+``MAITRED_OTLP_ENDPOINT``).
+
+The OTLP export is turned on by ``otlp_endpoint`` or ``MAITRED_OTLP_ENDPOINT`` only, never by the
+standard ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``: a program sets
+those for its own tracing (an instrumented LangChain or OpenAI Agents app already exports its
+framework's spans there), and maitred's spans of the same calls would arrive beside them
+unasked. Naming the same URL in ``MAITRED_OTLP_ENDPOINT`` is the opt-in. The exporter's other
+standard variables (``OTEL_EXPORTER_OTLP_HEADERS``, ``_TIMEOUT``, ``_CERTIFICATE``,
+``_COMPRESSION``, their ``_TRACES_`` forms, ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``)
+apply as usual.
 """
 
 import atexit
@@ -31,6 +41,20 @@ def default_db_url() -> str:
     return os.environ.get("MAITRED_DB") or DEFAULT_DB_URL
 
 
+def otlp_sinks(endpoint: str | None, what: str) -> list[Sink]:
+    """The OTLP sink for ``endpoint``, if one is given; ``ValueError`` / ``ImportError`` naming
+    ``what`` (the argument or variable) for a bad URL or a missing ``otel`` extra."""
+    if not endpoint:
+        return []
+    from maitred.middleware.otlp import OtlpSink, require_otel
+
+    require_otel(what)
+    try:
+        return [OtlpSink(endpoint)]
+    except ValueError as exc:
+        raise ValueError(str(exc).replace("otlp_endpoint", what, 1)) from None
+
+
 def configure(
     runtime_url: str | None = None,
     db_url: str | None = None,
@@ -39,6 +63,7 @@ def configure(
     settings: EmitterSettings | None = None,
     sinks: list[Sink] | None = None,
     overflow: Overflow | None = None,
+    otlp_endpoint: str | None = None,
 ) -> None:
     """Choose where events go. Replaces (and flushes) any earlier configuration.
 
@@ -46,6 +71,12 @@ def configure(
     ``db_url`` they are written to that store; with both, to both. With neither, the
     environment decides (``MAITRED_URL``, then ``MAITRED_DB``), else ``sqlite:///maitred.db``.
     ``sinks`` replaces all of that with sinks of your own.
+
+    ``otlp_endpoint`` (else ``MAITRED_OTLP_ENDPOINT``, when ``sinks`` is not given) also exports
+    the events as OpenTelemetry GenAI spans over OTLP/HTTP (``maitred.middleware.otlp``), beside
+    the other sinks, with an emitter of its own: ``http://127.0.0.1:6006`` (Phoenix), a
+    collector's ``http://host:4318``, or a full ``.../v1/traces`` URL. A URL that is not http(s)
+    raises ``ValueError``, a missing ``otel`` extra ``ImportError``, each naming the argument.
 
     ``overflow="block"`` (for batch jobs that must keep every event) makes a call that finds
     the queue full wait for room, at most ``settings.block_timeout_s``, instead of dropping the
@@ -57,13 +88,17 @@ def configure(
         settings = dataclasses.replace(settings or EmitterSettings(), overflow=overflow)
     runtime_url = runtime_url or (None if db_url else os.environ.get("MAITRED_URL"))
     token = token or os.environ.get("MAITRED_TOKEN")
+    if otlp_endpoint is not None:
+        otlp = otlp_sinks(otlp_endpoint, "otlp_endpoint")
+    else:
+        otlp = otlp_sinks(os.environ.get("MAITRED_OTLP_ENDPOINT"), "MAITRED_OTLP_ENDPOINT") if sinks is None else []
     if sinks is None:
         sinks = []
         if runtime_url:
             sinks.append(HttpSink(runtime_url, token=token))
         if db_url or not runtime_url:
             sinks.append(StoreSink(db_url or default_db_url()))
-    new = [Emitter(sink, settings) for sink in sinks]
+    new = [Emitter(sink, settings) for sink in [*sinks, *otlp]]
     with _lock:
         old, _emitters = _emitters, new
     _shutdown_all(old or [], None)
@@ -80,9 +115,15 @@ def _active() -> list[Emitter]:
 
 
 def _configure_from_env() -> None:
+    """On the first event, with no ``configure``: a bad ``MAITRED_OTLP_ENDPOINT`` is said once,
+    at ERROR, and the other sinks still work (telemetry never raises into the agent)."""
     global _emitters
     url = os.environ.get("MAITRED_URL")
     sinks: list[Sink] = [HttpSink(url, token=os.environ.get("MAITRED_TOKEN"))] if url else [StoreSink(default_db_url())]
+    try:
+        sinks += otlp_sinks(os.environ.get("MAITRED_OTLP_ENDPOINT"), "MAITRED_OTLP_ENDPOINT")
+    except (ValueError, ImportError) as exc:
+        log.error("maitred: no OTLP export: %s", exc)
     _emitters = [Emitter(sink) for sink in sinks]
 
 

@@ -3,11 +3,9 @@
 loaded from the example config, and ``maitred serve`` over the same workers as the runtime that
 decides."""
 
-import hashlib
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import threading
@@ -32,6 +30,7 @@ from maitred.integrations.litellm import MaitredLogger, llm_end_of, normalize_ba
 from maitred.storage import SessionStore
 from tests.helpers import wait_until
 from tests.integrations.claude_cli import SCRIPT_TURNS, check_session, claude_binary, command_hooks, run
+from tests.integrations.venvs import cached_venv
 
 REPO = Path(__file__).parents[2]
 EXAMPLE = REPO / "examples" / "litellm_proxy" / "config.yaml"
@@ -45,37 +44,15 @@ pytestmark = pytest.mark.timeout(1200)
 @pytest.fixture(scope="session")
 def litellm_venv(pytestconfig) -> Path:
     """A venv with only ``pip install -e '.[litellm]'``: the proxy must start from the extra
-    alone (``.[dev]`` pulls in modules the proxy imports, hiding a missing one). Built once into
-    pytest's cache, keyed by ``pyproject.toml`` and the Python version; skipped where it cannot
-    be built (no package index), except in CI, where that is a failure."""
-    key = hashlib.sha256(REPO.joinpath("pyproject.toml").read_bytes() + sys.version.encode()).hexdigest()[:12]
-    folder = pytestconfig.cache.mkdir(f"litellm-extra-venv-{key}")
-    venv, ready = folder / "venv", folder / "ready"
-    if not ready.exists():
-        shutil.rmtree(venv, ignore_errors=True)
-        steps = (
-            [sys.executable, "-m", "venv", str(venv)],
-            [
-                str(venv / "bin" / "python"),
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "-e",
-                f"{REPO}[litellm]",
-            ],
-        )
-        for step in steps:
-            done = subprocess.run(step, capture_output=True, text=True, timeout=1200)
-            if done.returncode != 0:
-                last = (done.stderr.strip() or done.stdout.strip() or f"exit status {done.returncode}").splitlines()[-1]
-                message = f"a venv with only maitred[litellm] could not be built ({last})"
-                if os.environ.get("CI"):
-                    pytest.fail(message)
-                pytest.skip(message)
-        ready.write_text(key)
-    return venv
+    alone (``.[dev]`` pulls in modules the proxy imports, hiding a missing one); built once,
+    keyed by ``pyproject.toml`` (``tests/integrations/venvs.py``)."""
+    return cached_venv(
+        pytestconfig,
+        "litellm-extra",
+        ["-e", f"{REPO}[litellm]"],
+        key=REPO.joinpath("pyproject.toml").read_bytes(),
+        what="only maitred[litellm]",
+    )
 
 
 def _start(stack: ExitStack, argv: list[str], *, health: str, log: Path, env: dict[str, str], timeout_s: float) -> None:

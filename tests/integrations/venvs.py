@@ -1,0 +1,49 @@
+"""Separate venvs for the servers the integration tests start (a LiteLLM proxy, Arize Phoenix):
+what they install must neither come from nor go into the project's ``dev`` environment.
+
+Each is built once into pytest's cache (``.pytest_cache``; with the cache plugin off, the user's
+cache folder), keyed by what it installs and the Python version, and skipped with one line
+where it cannot be built (no package index), except in CI, where that is a failure.
+"""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _root(pytestconfig: pytest.Config) -> Path:
+    cache = getattr(pytestconfig, "cache", None)
+    if cache is not None:
+        return Path(cache.mkdir("venvs"))
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    folder = base / "maitred-test-venvs"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def cached_venv(pytestconfig: pytest.Config, name: str, install: list[str], *, key: bytes, what: str) -> Path:
+    """A venv with ``pip install *install``; ``key`` is what, changed, needs a new one
+    (``pyproject.toml``, a pinned version); ``what`` names it in the skip line."""
+    digest = hashlib.sha256(key + sys.version.encode()).hexdigest()[:12]
+    folder = _root(pytestconfig) / f"{name}-{digest}"
+    venv, ready = folder / "venv", folder / "ready"
+    if ready.exists():
+        return venv
+    shutil.rmtree(venv, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    for step in ([sys.executable, "-m", "venv", str(venv)], [*pip, *install]):
+        done = subprocess.run(step, capture_output=True, text=True, timeout=1200)
+        if done.returncode != 0:
+            last = (done.stderr.strip() or done.stdout.strip() or f"exit status {done.returncode}").splitlines()[-1]
+            message = f"a venv with {what} could not be built ({last})"
+            if os.environ.get("CI"):
+                pytest.fail(message)
+            pytest.skip(message)
+    ready.write_text(digest)
+    return venv
