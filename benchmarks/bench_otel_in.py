@@ -23,6 +23,7 @@ import httpx
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.sdk.trace import TracerProvider
+from reference import reference_s
 
 import maitred
 from maitred.gateway.app import ServeConfig, build_app
@@ -113,7 +114,9 @@ def main() -> None:
     parser.add_argument("--exports", type=int, default=20)
     parser.add_argument("--batch", type=int, default=500)
     args = parser.parse_args()
-    print(json.dumps({**processor_costs(args.rounds, args.spans), **receiver_rate(args.exports, args.batch)}, indent=2))
+    result = {**processor_costs(args.rounds, args.spans), **receiver_rate(args.exports, args.batch)}
+    result["reference_s"] = reference_s()  # the machine's speed in the same run, to compare machines
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
