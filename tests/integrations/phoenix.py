@@ -10,7 +10,7 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,8 @@ class Phoenix:
             time.sleep(0.2)
 
 
-def _phoenix_venv(pytestconfig: pytest.Config) -> Path:
+def phoenix_venv(pytestconfig: pytest.Config | None = None) -> Path:
+    """``MAITRED_TEST_PHOENIX_VENV`` if set (checked for the pinned version), else the cached one."""
     given = os.environ.get("MAITRED_TEST_PHOENIX_VENV")
     if not given:
         return cached_venv(pytestconfig, "phoenix", [PHOENIX], key=PHOENIX.encode(), what=PHOENIX)
@@ -54,14 +55,14 @@ def _phoenix_venv(pytestconfig: pytest.Config) -> Path:
     check = "import importlib.metadata as m; print(m.version('arize-phoenix'))"
     found = subprocess.run([str(python), "-c", check], capture_output=True, text=True, timeout=60).stdout.strip()
     if found != version:
-        pytest.fail(f"MAITRED_TEST_PHOENIX_VENV={given}: has arize-phoenix {found or 'not installed'}, expected {version}")
+        raise RuntimeError(f"MAITRED_TEST_PHOENIX_VENV={given}: has arize-phoenix {found or 'not installed'}, expected {version}")
     return Path(given)
 
 
-@pytest.fixture(scope="module", name="phoenix")
-def phoenix_server(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Phoenix]:
-    venv = _phoenix_venv(pytestconfig)
-    folder = tmp_path_factory.mktemp("phoenix")
+@contextmanager
+def run_phoenix(venv: Path, folder: Path) -> Iterator[Phoenix]:
+    """Phoenix serving from ``venv`` on free ports of 127.0.0.1, its database and log in ``folder``;
+    stopped on exit. The tests' fixture and ``docs/screenshots.py`` both start it here."""
     port = free_port()
     env = {
         **os.environ,
@@ -81,6 +82,16 @@ def phoenix_server(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPat
             tail = "".join((folder / "phoenix.log").read_text(errors="replace").splitlines(keepends=True)[-30:])
             raise RuntimeError(f"{exc}\n--- the end of phoenix.log ---\n{tail}") from None
         yield Phoenix(url)
+
+
+@pytest.fixture(scope="module", name="phoenix")
+def phoenix_server(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Phoenix]:
+    try:
+        venv = phoenix_venv(pytestconfig)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    with run_phoenix(venv, tmp_path_factory.mktemp("phoenix")) as phoenix:
+        yield phoenix
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:

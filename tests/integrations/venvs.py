@@ -2,8 +2,9 @@
 what they install must neither come from nor go into the project's ``dev`` environment.
 
 Each is built once into pytest's cache (``.pytest_cache``; with the cache plugin off, the user's
-cache folder), keyed by what it installs and the Python version, and skipped with one line
-where it cannot be built (no package index), except in CI, where that is a failure.
+cache folder; called without one, from a script such as ``docs/screenshots.py``, the same),
+keyed by what it installs and the Python version, and skipped with one line where it cannot be
+built (no package index), except in CI, where that is a failure; a script gets a RuntimeError.
 """
 
 import hashlib
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 
-def _root(pytestconfig: pytest.Config) -> Path:
+def _root(pytestconfig: pytest.Config | None) -> Path:
     cache = getattr(pytestconfig, "cache", None)
     if cache is not None:
         return Path(cache.mkdir("venvs"))
@@ -26,7 +27,7 @@ def _root(pytestconfig: pytest.Config) -> Path:
     return folder
 
 
-def cached_venv(pytestconfig: pytest.Config, name: str, install: list[str], *, key: bytes, what: str) -> Path:
+def cached_venv(pytestconfig: pytest.Config | None, name: str, install: list[str], *, key: bytes, what: str) -> Path:
     """A venv with ``pip install *install``; ``key`` is what, changed, needs a new one
     (``pyproject.toml``, a pinned version); ``what`` names it in the skip line."""
     digest = hashlib.sha256(key + sys.version.encode()).hexdigest()[:12]
@@ -42,6 +43,8 @@ def cached_venv(pytestconfig: pytest.Config, name: str, install: list[str], *, k
         if done.returncode != 0:
             last = (done.stderr.strip() or done.stdout.strip() or f"exit status {done.returncode}").splitlines()[-1]
             message = f"a venv with {what} could not be built ({last})"
+            if pytestconfig is None:
+                raise RuntimeError(message)
             if os.environ.get("CI"):
                 pytest.fail(message)
             pytest.skip(message)
