@@ -45,10 +45,9 @@ class SpanNotes:
         return len(self._notes)
 
     def put(self, key: SpanKey, attributes: Mapping[str, Any]) -> None:
+        notes = self._notes
         with self._lock:
-            notes = self._notes
-            notes.pop(key, None)  # a newer note of the same span goes last
-            if len(notes) >= self.max_notes:
+            if len(notes) >= self.max_notes and key not in notes:
                 del notes[next(iter(notes))]
             notes[key] = attributes
 
