@@ -23,6 +23,11 @@ time includes the share of the interpreter that thread takes; the CPU figures do
 receiver started on that port, and ``flush()``: ``otlp_receiver_down`` says how many events
 were dropped (the goal is 0 while the queue has room) and how many spans arrived; and the
 same with a receiver that never comes back, where shutdown counts what it could not deliver.
+``otlp_signals``: what ``maitred serve --otlp-endpoint`` adds per event it records on its loop to
+note the runtime's signals for the span (``OtlpSink.note`` with the gateway's ``span_signals``, on
+a ``LiveDriver`` holding a program with tool statistics): µs per ``llm.start`` (tier, worker), per
+``tool.start`` (the predicted return) and per other event (passed over), medians of rounds, wall
+and the calling thread's CPU time (``*_cpu_us``).
 
     python benchmarks/bench_middleware.py [--rounds 200] [--calls 2000] [--e2e-calls 100000] [--postgres URL]
         [--otlp-rounds 20] [--otlp-loss-calls 10000]
@@ -30,6 +35,7 @@ same with a receiver that never comes back, where shutdown counts what it could 
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import statistics
@@ -165,6 +171,40 @@ def otlp_cost(rounds: int, calls: int, folder: Path) -> dict[str, float]:
     }
 
 
+def otlp_signals_cost(rounds: int, calls: int) -> dict[str, float]:
+    """µs the gateway's loop spends noting each kind of event for its span."""
+    from maitred.events import LLMStart, ProgramStart, ToolEnd, ToolStart
+    from maitred.gateway.loop import LiveDriver
+    from maitred.gateway.span_signals import span_signals
+    from maitred.middleware.otlp import OtlpSink
+
+    driver = LiveDriver(backends={})
+    sink = OtlpSink("http://127.0.0.1:9", annotate=lambda event: span_signals(driver.state, event, driver.clock()))
+    t = time.time() - 100
+    history = [ProgramStart(ts=t, program_id="p")]
+    for i in range(10):
+        history += [
+            ToolStart(ts=t + i, program_id="p", call_id=f"h{i}", tool="pytest"),
+            ToolEnd(ts=t + i + 0.5, program_id="p", call_id=f"h{i}", duration_s=0.5),
+        ]
+    now = time.time()  # a start is noted as it is recorded: its tool has just started
+    driver.ingest([*history, ToolStart(ts=now, program_id="p", call_id="open", tool="pytest")])
+    kinds = {
+        "llm_start_us": LLMStart(ts=now, program_id="p", request_id="r"),
+        "tool_start_us": ToolStart(ts=now, program_id="p", call_id="open", tool="pytest"),
+        "other_us": ToolEnd(ts=now, program_id="p", call_id="open"),
+    }
+    assert "maitred.predicted_return_s" in span_signals(driver.state, kinds["tool_start_us"], driver.clock())
+    figures = {}
+    for name, event in kinds.items():
+        note = functools.partial(lambda e, _: sink.note(e), event)
+        wall, cpu = zip(*(per_call_us(note, calls) for _ in range(rounds)))
+        figures[name] = round(statistics.median(wall), 2)
+        figures[name.replace("_us", "_cpu_us")] = round(statistics.median(cpu), 2)
+    print(f"otlp signals: rounds={rounds} calls/round={calls}; per event noted {json.dumps(figures)}")
+    return figures
+
+
 def otlp_loss(calls: int) -> dict[str, Any]:
     """Events lost while the receiver is down: kept and delivered when it comes back; counted
     when it never does."""
@@ -235,6 +275,7 @@ def main() -> None:
     if args.otlp_rounds:
         with tempfile.TemporaryDirectory() as tmp:
             result["otlp"] = otlp_cost(args.otlp_rounds, args.calls, Path(tmp))
+        result["otlp_signals"] = otlp_signals_cost(args.otlp_rounds, args.calls)
         result["otlp_receiver_down"] = otlp_loss(args.otlp_loss_calls)
     rates: dict[str, float | None] = {"sqlite": None, "postgresql": None}
     dropped: dict[str, int | None] = {"sqlite": None, "postgresql": None}

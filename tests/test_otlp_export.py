@@ -37,6 +37,7 @@ from maitred.harness.background import BackgroundServer
 from maitred.middleware.emitter import Emitter, EmitterSettings
 from maitred.middleware.otlp import OtlpSink, traces_url
 from maitred.middleware.otlp_spans import SpanPairs, span_context, trace_id
+from maitred.middleware.span_notes import SpanNotes, span_key
 from maitred.sim.worker.app import create_app
 from maitred.sim.worker.config import SimWorkerConfig
 from tests.helpers import free_port, wait_until
@@ -329,3 +330,113 @@ def test_the_gateway_exports_the_model_calls_it_proxies_under_the_program_posted
     assert chat["attributes"]["gen_ai.usage.output_tokens"] == usage["completion_tokens"]
     assert chat["attributes"]["maitred.worker"] == sim.url and chat["attributes"]["gen_ai.response.id"].startswith("gw-")
     assert "maitred.incomplete" not in chat["attributes"]
+
+
+def test_a_start_carries_what_its_recorder_noted_for_its_span_and_the_note_is_taken_once():
+    notes = SpanNotes()
+    llm_start, tool_start = _program()[1], _program()[3]
+    notes.put(span_key(llm_start), {"maitred.tier": "cpu", "maitred.worker": "w-home"})
+    notes.put(span_key(tool_start), {"maitred.predicted_return_s": 2.5})
+    spans = {f.span.name: f.span for f in SpanPairs(Resource({}), notes=notes).feed(_program())}
+    chat, tool = spans["chat qwen"], spans["execute_tool pytest"]
+    assert chat.attributes["maitred.tier"] == "cpu"
+    assert chat.attributes["maitred.worker"] == "w0"  # where it ran (its llm.end) wins over its home at arrival
+    assert tool.attributes["maitred.predicted_return_s"] == 2.5
+    assert "maitred.tier" not in spans["invoke_agent planner"].attributes and len(notes) == 0
+
+
+def test_notes_are_bounded_the_oldest_forgotten_first():
+    notes = SpanNotes(max_notes=2)
+    for i in range(3):
+        notes.put(("tool", "p", f"c{i}"), {"maitred.predicted_return_s": float(i)})
+    assert len(notes) == 2 and notes.take(("tool", "p", "c0")) == {}
+    assert notes.take(("tool", "p", "c2")) == {"maitred.predicted_return_s": 2.0}
+    with pytest.raises(ValueError, match="max_notes"):
+        SpanNotes(max_notes=0)
+
+
+def test_an_annotate_that_fails_costs_only_that_events_attributes_and_ends_are_not_annotated(receiver, caplog):
+    seen: list[str] = []
+
+    def annotate(event: Any) -> dict[str, Any]:
+        seen.append(event.TYPE)
+        if event.TYPE == "tool.start":
+            raise KeyError("boom")
+        return {"maitred.tier": "gpu"}
+
+    sink = OtlpSink(receiver.url, annotate=annotate)
+    events = _program()
+    with caplog.at_level(logging.WARNING, logger="maitred"):
+        for event in events:
+            sink.note(event)
+    assert seen == ["program.start", "llm.start", "tool.start"]
+    assert "no span attributes for a tool.start event: KeyError('boom')" in caplog.text
+    assert sink.send(events) == 0
+    sink.close()
+    assert receiver.named("chat qwen")["attributes"]["maitred.tier"] == "gpu"
+    assert "maitred.tier" not in receiver.named("execute_tool pytest")["attributes"]
+
+
+def test_the_gateway_exports_the_tier_worker_and_predicted_return_it_knew_when_it_recorded_each_start(receiver):
+    sims = [BackgroundServer(create_app(SimWorkerConfig(gpu_tokens=50_000, time_scale=20.0))) for _ in range(2)]
+    with sims[0] as sim_a, sims[1] as sim_b:
+        gateway = build_app(
+            ServeConfig(
+                [sim_a.url, sim_b.url],
+                runtime=LiveConfig(tick_s=60.0, poll_s=0.2),  # no step moves a program mid-test
+                wait_for_workers_s=10,
+                otlp_endpoint=receiver.url,
+            )
+        )
+        with BackgroundServer(gateway.app) as server:
+            post = {"headers": {"content-type": "application/json"}, "timeout": 30}
+
+            def send(*events: Any) -> None:
+                answer = httpx.post(f"{server.url}/v1/events", content=dumps_batch(list(events)), **post)
+                assert answer.status_code == 200, answer.text
+
+            def shown(pid: str) -> dict[str, Any]:
+                answer = httpx.get(f"{server.url}/v1/programs/{pid}", timeout=30)
+                assert answer.status_code == 200, answer.text
+                return answer.json()
+
+            t = time.time() - 60
+            send(ProgramStart(ts=t, program_id="p-sig", agent="coder"), ProgramStart(ts=t, program_id="p-new"))
+            # a tool the gateway has no statistics for, nor any tool yet: no prediction
+            send(
+                ToolStart(ts=t + 1, program_id="p-sig", call_id="c-first", tool="pytest"),
+                ToolEnd(ts=t + 3, program_id="p-sig", call_id="c-first", duration_s=2.0),
+            )
+            body = {"model": "sim", "program_id": "p-sig", "max_tokens": 8, "messages": [{"role": "user", "content": "go " * 50}]}
+            before_call = shown("p-sig")
+            answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
+            assert answer.status_code == 200, answer.text
+            after_call = shown("p-sig")
+            # a model call a client reports (its llm.end names no worker): the gateway's placement
+            send(LLMStart(ts=t + 4, program_id="p-new", request_id="r-new", model="m"))
+            new_program = shown("p-new")
+            send(LLMEnd(ts=t + 5, program_id="p-new", request_id="r-new", prompt_tokens=10, completion_tokens=2))
+            for i in range(5):  # statistics for pytest: min_history calls of it
+                send(
+                    ToolStart(ts=t + 10 + i, program_id="p-sig", call_id=f"c{i}", tool="pytest"),
+                    ToolEnd(ts=t + 10.5 + i, program_id="p-sig", call_id=f"c{i}", duration_s=0.5 + 0.1 * i),
+                )
+            send(ToolStart(ts=time.time(), program_id="p-sig", call_id="c-last", tool="pytest"))
+            while_open = shown("p-sig")
+            send(ToolEnd(ts=time.time(), program_id="p-sig", call_id="c-last"))
+            send(ProgramEnd(ts=time.time(), program_id="p-sig"), ProgramEnd(ts=time.time(), program_id="p-new"))
+    chats = {s["attributes"]["gen_ai.conversation.id"]: s for s in receiver.spans if s["name"].startswith("chat")}
+    chat = chats["p-sig"]["attributes"]
+    # the tier it arrived in (its KV's place before the call), the worker it ran on
+    assert chat["maitred.tier"] == before_call["tier"] and after_call["worker"] in (sim_a.url, sim_b.url)
+    assert chat["maitred.worker"] == after_call["worker"]
+    reported = chats["p-new"]["attributes"]
+    assert (reported["maitred.tier"], reported.get("maitred.worker")) == (new_program["tier"], new_program["worker"])
+    tools = {
+        s["attributes"]["gen_ai.tool.call.id"]: s["attributes"] for s in receiver.spans if s["name"] == "execute_tool pytest"
+    }
+    assert "maitred.predicted_return_s" not in tools["c-first"] and "maitred.predicted_return_source" not in tools["c-first"]
+    assert while_open["readiness_source"] == "tool" and tools["c-last"]["maitred.predicted_return_source"] == "tool"
+    predicted = while_open["predicted_tool_end"] - while_open["tool"]["started"]
+    assert tools["c-last"]["maitred.predicted_return_s"] == pytest.approx(predicted)
+    assert 0.5 <= predicted <= 2.0  # within the recorded durations of pytest (c-first's 2.0 included)

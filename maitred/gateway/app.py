@@ -29,6 +29,7 @@ from maitred.gateway.otlp_receiver import add_otlp_route
 from maitred.gateway.proxy import Proxy, add_proxy_routes
 from maitred.gateway.proxy_config import ProxyConfig
 from maitred.gateway.sglang.client import SGLangClient
+from maitred.gateway.span_signals import span_signals
 from maitred.gateway.store_writer import StoreWriter
 from maitred.gateway.top_tools import MAX_TOOLS
 from maitred.gateway.trust import Tokens
@@ -110,7 +111,8 @@ def build_app(
             from maitred.middleware.emitter import Emitter
             from maitred.middleware.otlp import OtlpSink
 
-            runtime.exporter = Emitter(OtlpSink(cfg.otlp_endpoint), name="otlp")
+            sink = OtlpSink(cfg.otlp_endpoint, annotate=lambda event: span_signals(runtime.state, event, runtime.clock()))
+            runtime.exporter, runtime.note_span = Emitter(sink, name="otlp"), sink.note
         gateway.loop = asyncio.get_running_loop()
         await proxy.start()
         await runtime.start(wait_for_workers_s=cfg.wait_for_workers_s)

@@ -75,6 +75,9 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
     #: ``maitred serve --otlp-endpoint``: what goes to the store is also exported, from this
     #: emitter's thread (``emit`` only appends to its queue).
     exporter: "Emitter | None" = None
+    #: The export's ``OtlpSink.note``: called with each start event it is about to get, right
+    #: after the runtime observed it, so its span carries the live signals (``span_signals``).
+    note_span: Callable[[Event], None] | None = None
     clock: Callable[[], float] = time.time
 
     def __post_init__(self) -> None:
@@ -169,7 +172,9 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
         arrival = self.core.arrive(program_id, now, agent=agent, model=model, prompt_tokens=prompt_tokens, request_id=request_id)
         worker = arrival.worker
         if store:
-            self._record([arrival.event if trace_id is None else replace(arrival.event, trace_id=trace_id)])
+            event = arrival.event if trace_id is None else replace(arrival.event, trace_id=trace_id)
+            self._note(event)
+            self._record([event])
         self._handoff_prompts.pop(program_id, None)  # the consumer asked: its warmup is moot
         warming = self._warming.pop(program_id, None)
         if warming is not None:  # overtaken by the real request: the warmup is moot
@@ -310,6 +315,11 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
             for event in events:
                 self.exporter.emit(event)
 
+    def _note(self, event: Event) -> None:
+        """The live signals for ``event``'s span, read now: before the next event changes them."""
+        if self.note_span is not None:
+            self.note_span(event)
+
     def end_anonymous(self, program_id: str) -> None:
         """A request without a program id is a one-step program: forget it once answered."""
         self._end(program_id, self.clock())
@@ -352,6 +362,7 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
                 if e.expected_prompt is not None:
                     self._handoff_prompts[e.child_program_id or e.program_id] = e.expected_prompt
             self.core.observe(e)
+            self._note(sent)
             if isinstance(e, ProgramEnd):
                 self._forget(e.program_id)
                 self._let_through(e.program_id)

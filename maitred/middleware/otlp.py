@@ -23,12 +23,13 @@ the packages, so ``configure`` can refuse at once, in one line, when the extra i
 import importlib.util
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from maitred.events import Event
+from maitred.events import Event, LLMStart, ProgramStart, ToolStart
 from maitred.middleware.sinks import Throttled, valid_events
+from maitred.middleware.span_notes import MAX_NOTES, SpanNotes, span_key
 
 if TYPE_CHECKING:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -108,6 +109,7 @@ class OtlpSink:
         max_spans_per_request: int = 1_000,
         max_open_spans: int | None = None,
         service_name: str = "maitred",
+        annotate: Callable[[Event], Mapping[str, Any]] | None = None,
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive seconds, got {timeout_s!r}")
@@ -121,8 +123,25 @@ class OtlpSink:
         self.max_spans_per_request = max_spans_per_request
         self.max_open_spans = max_open_spans
         self.service_name = service_name
+        self.annotate = annotate
+        self._notes = SpanNotes(max_open_spans or MAX_NOTES)
         self._refusals = Throttled()
+        self._annotate_failures = Throttled()
         self._reset()
+
+    def note(self, event: Event) -> None:
+        """``annotate(event)``, kept for the span ``event`` starts (called for start events
+        only: an end's attributes would come after its span was made); never raises. Call it
+        before the event is emitted."""
+        if self.annotate is None or not isinstance(event, (ProgramStart, LLMStart, ToolStart)):
+            return
+        try:
+            attributes = self.annotate(event)
+        except Exception as exc:
+            self._annotate_failures.warning("maitred: no span attributes for a %s event: %r", event.TYPE, exc)
+            return
+        if attributes:
+            self._notes.put(span_key(event), attributes)
 
     def _reset(self) -> None:
         self._exporter: OTLPSpanExporter | None = None
@@ -169,7 +188,7 @@ class OtlpSink:
         resource = OTELResourceDetector().detect()
         if not resource.attributes.get("service.name"):
             resource = resource.merge(Resource({"service.name": self.service_name}))
-        self._pairs = SpanPairs(resource, max_open=self.max_open_spans or MAX_OPEN_SPANS)
+        self._pairs = SpanPairs(resource, max_open=self.max_open_spans or MAX_OPEN_SPANS, notes=self._notes)
         return self._pairs
 
     def send(self, events: Sequence[Event]) -> int:

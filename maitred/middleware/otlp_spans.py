@@ -7,6 +7,9 @@ under one ``invoke_agent`` span. ``chat`` spans are model calls and ``execute_to
 calls; handoffs, waits and tool progress are span events, and a subagent's or handoff's
 program is a span link (each program keeps its own trace).
 
+A start's span also carries what its recorder noted for it (``SpanNotes``: the gateway's tier,
+worker and predicted tool return), under the same key.
+
 A span is made when its end event arrives, from the start event kept since (``SpanPairs``):
 OTLP carries finished spans only. A start whose end never comes is ended anyway, marked
 ``maitred.incomplete=true`` (with ``maitred.missing="end"``): when its program ends, when more
@@ -42,12 +45,13 @@ from maitred.events import (
     ToolStart,
     to_otel_attributes,
 )
+from maitred.middleware.span_notes import SpanKey, SpanNotes, span_key
 
 #: The most spans kept open (a start without its end yet); about 1 KB each.
 MAX_OPEN_SPANS = 10_000
 _SCOPE = InstrumentationScope("maitred", __version__)
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-#: The GenAI operation of each kind of span (``_key``).
+#: The GenAI operation of each kind of span (``span_key``).
 _OPERATIONS = {"program": "invoke_agent", "llm": "chat", "tool": "execute_tool"}
 
 
@@ -122,12 +126,13 @@ def _status(status: str) -> Status:
 class SpanPairs:
     """Pairs start and end events into finished spans; bounded by ``max_open`` open spans."""
 
-    def __init__(self, resource: Resource, *, max_open: int = MAX_OPEN_SPANS) -> None:
+    def __init__(self, resource: Resource, *, max_open: int = MAX_OPEN_SPANS, notes: SpanNotes | None = None) -> None:
         if max_open < 1:
             raise ValueError(f"max_open must be at least 1, got {max_open!r}")
         self.resource = FixedResource(resource)
         self.max_open = max_open
-        self._open: dict[tuple[str, str, str], _Open] = {}
+        self.notes = notes
+        self._open: dict[SpanKey, _Open] = {}
 
     def __len__(self) -> int:
         return len(self._open)
@@ -154,7 +159,7 @@ class SpanPairs:
     # -- starts and ends ----------------------------------------------------------------------
 
     def _start(self, event: ProgramStart | LLMStart | ToolStart, done: list[Finished]) -> None:
-        key, opened = _key(event), self._opened(event)
+        key, opened = span_key(event), self._opened(event)
         if key in self._open:  # a start sent twice (a retried batch): the first one stands
             return
         if len(self._open) >= self.max_open:
@@ -163,7 +168,10 @@ class SpanPairs:
         self._open[key] = opened
 
     def _opened(self, event: ProgramStart | LLMStart | ToolStart) -> _Open:
-        attrs = {"gen_ai.operation.name": _OPERATIONS[_key(event)[0]], **span_attributes(event)}
+        key = span_key(event)
+        attrs = {"gen_ai.operation.name": _OPERATIONS[key[0]], **span_attributes(event)}
+        if self.notes is not None:  # what the recorder knew when the start was recorded
+            attrs.update(self.notes.take(key))
         pid, start = event.program_id, _ns(event.ts)
         if isinstance(event, ProgramStart):
             opened = _Open(_named("invoke_agent", event.agent), SpanKind.INTERNAL, span_context(pid), None, pid, start, attrs)
@@ -178,7 +186,7 @@ class SpanPairs:
 
     def _end(self, event: ProgramEnd | LLMEnd | ToolEnd, done: list[Finished]) -> None:
         end_ns, attrs = _ns(event.ts), span_attributes(event)
-        opened = self._open.pop(_key(event), None)
+        opened = self._open.pop(span_key(event), None)
         if isinstance(event, ProgramEnd):  # what the program left open ends with it
             for child in [k for k, o in self._open.items() if o.program_id == event.program_id]:
                 done.append(self._finish(self._open.pop(child), end_ns, {}, None, missing="end"))
@@ -189,7 +197,7 @@ class SpanPairs:
         start_ns = end_ns
         if isinstance(event, ToolEnd) and event.duration_s is not None:
             start_ns = _ns(event.ts - event.duration_s)
-        kind, pid, key = _key(event)
+        kind, pid, key = span_key(event)
         operation = _OPERATIONS[kind]
         orphan = _Open(
             operation,
@@ -205,7 +213,7 @@ class SpanPairs:
     def _annotate(self, event: Event, done: list[Finished]) -> None:
         """A span event on the tool call's span (progress) or the program's (the rest); on a
         span of its own, zero long, under the program's span when this sink holds neither."""
-        key = _key(event) if isinstance(event, ToolProgress) else ("program", event.program_id, "")
+        key = span_key(event) if isinstance(event, ToolProgress) else ("program", event.program_id, "")
         target = self._open.get(key) or self._open.get(("program", event.program_id, ""))
         link = None
         if isinstance(event, Handoff) and event.child_program_id is not None:
@@ -254,11 +262,3 @@ class SpanPairs:
 def _named(operation: str, what: str | None) -> str:
     """GenAI span names: the operation, then the agent, model or tool where known."""
     return f"{operation} {what}" if what else operation
-
-
-def _key(event: Event) -> tuple[str, str, str]:
-    if isinstance(event, (LLMStart, LLMEnd)):
-        return ("llm", event.program_id, event.request_id)
-    if isinstance(event, (ToolStart, ToolEnd, ToolProgress)):
-        return ("tool", event.program_id, event.call_id)
-    return ("program", event.program_id, "")
