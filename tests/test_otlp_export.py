@@ -18,6 +18,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import SpanKind, StatusCode
 
 import maitred
+from maitred.cli import main as maitred_main
 from maitred.events import (
     Handoff,
     LLMEnd,
@@ -32,7 +33,6 @@ from maitred.events import (
 )
 from maitred.gateway.app import ServeConfig, build_app
 from maitred.gateway.live_config import LiveConfig
-from maitred.gateway.serve import main as serve_main
 from maitred.harness.background import BackgroundServer
 from maitred.middleware.emitter import Emitter, EmitterSettings
 from maitred.middleware.otlp import OtlpSink, traces_url
@@ -286,17 +286,15 @@ def test_a_missing_extra_is_one_line_naming_it():
 
 
 def test_serve_refuses_a_bad_otlp_endpoint_in_one_line_naming_the_flag_or_variable(capsys, monkeypatch):
-    with pytest.raises(SystemExit) as exited:
-        serve_main(["--no-db", "--otlp-endpoint", "localhost:4318"])
+    with pytest.raises(SystemExit) as exited:  # argparse refuses the flag's value
+        maitred_main(["serve", "--no-db", "--otlp-endpoint", "localhost:4318"])
     assert exited.value.code == 2
     assert capsys.readouterr().err.strip() == (
         "maitred serve: error: argument --otlp-endpoint: expected an http:// or https:// URL of an OTLP/HTTP receiver, "
         "got 'localhost:4318' (see maitred serve --help)"
     )
     monkeypatch.setenv("MAITRED_OTLP_ENDPOINT", "ftp://collector")
-    with pytest.raises(SystemExit) as exited:
-        serve_main(["--no-db"])
-    assert exited.value.code == 2
+    assert maitred_main(["serve", "--no-db"]) == 2
     assert capsys.readouterr().err.strip() == (
         "maitred: error: $MAITRED_OTLP_ENDPOINT: expected an http:// or https:// URL of an OTLP/HTTP receiver, got 'ftp://collector'"
     )
