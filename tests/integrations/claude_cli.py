@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,7 +212,8 @@ def check_session(db_url: str, session: Session) -> None:
     assert len(by_length) == 2, by_length
     script_of = {by_length[0][1]: "fg", by_length[1][1]: "bg"}
     got = sorted((e["type"], "main" if e["program_id"] == sid else script_of[e["program_id"]]) for e in events)
-    assert got == EXPECTED
+    missing, extra = Counter(EXPECTED) - Counter(got), Counter(got) - Counter(EXPECTED)
+    assert got == EXPECTED, (f"missing {sorted(missing.elements())}, unexpected {sorted(extra.elements())}", by_length)
     waits = sorted(e["reason"] for e in events if e["type"] == "program.wait")
     assert waits == ["background", "human"]  # Stop while the bg child runs, then the last Stop
     statuses = sorted(e["status"] for e in ends.values())

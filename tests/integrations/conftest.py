@@ -9,6 +9,9 @@ import pytest
 
 from maitred.harness.local import LocalCluster, local_cluster
 
+# The Claude Code harness's checks are plain asserts in a helper module: show their values too.
+pytest.register_assert_rewrite("tests.integrations.claude_cli")
+
 
 class Cluster:
     """A running ``local_cluster`` and the runtime's view of one program."""
