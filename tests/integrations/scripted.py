@@ -10,7 +10,21 @@ pytest.importorskip("langchain_core", reason="the langgraph extra is not install
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.tools import tool
 from pydantic import PrivateAttr
+
+
+# Two tools the scripted agents call, shared by the LangGraph and OpenTelemetry tests.
+@tool
+def add(a: int, b: int) -> int:
+    """Add two numbers."""
+    return a + b
+
+
+@tool
+def grep(pattern: str) -> str:
+    """Search the code."""
+    return f"cart.py:12: {pattern}"
 
 
 def calls(*names_and_ids: tuple[str, str], args: dict[str, Any] | None = None, tokens: tuple[int, int] = (120, 8)) -> AIMessage:

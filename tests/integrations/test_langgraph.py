@@ -27,7 +27,7 @@ from maitred.integrations.langgraph import MaitredCallbackHandler, MaitredMiddle
 from maitred.middleware import EmitterSettings
 from maitred.middleware.config import emit
 from tests.helpers import ListSink
-from tests.integrations.scripted import ScriptedChatModel, answer, calls
+from tests.integrations.scripted import ScriptedChatModel, add, answer, calls, grep
 
 
 @pytest.fixture
@@ -40,18 +40,6 @@ def sink():
 def flushed(sink: ListSink) -> ListSink:
     assert maitred.flush(timeout=5)
     return sink
-
-
-@tool
-def add(a: int, b: int) -> int:
-    """Add two numbers."""
-    return a + b
-
-
-@tool
-def grep(pattern: str) -> str:
-    """Search the code."""
-    return f"cart.py:12: {pattern}"
 
 
 @tool

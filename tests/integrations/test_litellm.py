@@ -30,7 +30,7 @@ from maitred.integrations.litellm import MaitredLogger, llm_end_of, normalize_ba
 from maitred.storage import SessionStore
 from tests.helpers import wait_until
 from tests.integrations.claude_cli import SCRIPT_TURNS, check_session, claude_binary, command_hooks, run
-from tests.integrations.venvs import cached_venv
+from tests.integrations.venvs import cached_venv, stop_server
 
 REPO = Path(__file__).parents[2]
 EXAMPLE = REPO / "examples" / "litellm_proxy" / "config.yaml"
@@ -60,21 +60,12 @@ def _start(stack: ExitStack, argv: list[str], *, health: str, log: Path, env: di
     answers; if it never does, the error carries the end of the process's output."""
     out = stack.enter_context(open(log, "w"))
     process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
-    stack.callback(_stop, process)
+    stack.callback(stop_server, process)
     try:
         wait_http(health, timeout_s=timeout_s, process=process)
     except (RuntimeError, TimeoutError) as exc:
         tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
         raise RuntimeError(f"{exc}\n--- the end of {log.name} ---\n{tail}") from None
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 @dataclass

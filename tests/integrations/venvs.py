@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,3 +51,13 @@ def cached_venv(pytestconfig: pytest.Config | None, name: str, install: list[str
             pytest.skip(message)
     ready.write_text(digest)
     return venv
+
+
+def stop_server(process: subprocess.Popen[Any], grace_s: float = 30.0) -> None:
+    """Stop a server started from one of these venvs: SIGTERM, then SIGKILL after ``grace_s``."""
+    process.terminate()
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
