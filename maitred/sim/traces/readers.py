@@ -6,7 +6,7 @@ program at all is an error.
 
 Formats:
 - ``swe-agent``: a folder of per-instance folders with ``stage_timings.jsonl`` and
-  ``prefix_cache_metrics.jsonl`` (the SWE-agent stage-timing format of ``shared/traces``).
+  ``prefix_cache_metrics.jsonl`` (the SWE-agent stage-timing format of ``traces/swe-agent-glm45-bs4``).
 - ``tracelab``: JSONL, one record per round: ``session_id`` (or ``trace_id`` / ``program_id``),
   ``round``, ``input_tokens_total``, ``newly_append_tokens``, ``output_tokens``, optional
   ``agent`` and ``tools[]`` with ``name``, ``emitted_at`` and ``result_at`` (seconds).
