@@ -47,9 +47,11 @@ __all__ = [
     "PROGRAM_HEADER",
     "IdSource",
     "claude_code_child",
+    "claude_code_root",
     "claude_code_session",
     "client_program_id",
     "header_names",
+    "program_header",
 ]
 
 #: maitred's own header, the one its integrations send (with the body's ``program_id``).
@@ -63,6 +65,21 @@ def claude_code_child(session_id: str, agent_id: str) -> str:
     """The program id of a Claude Code subagent: the hooks (``agent_id`` on every hook fired in
     it) and the model requests (``CLAUDE_CODE_AGENT_HEADER``) both name it, so no state pairs them."""
     return f"{session_id}/agent-{agent_id}"
+
+
+def program_header(program_id: str) -> dict[str, str]:
+    """``{PROGRAM_HEADER: program_id}`` for a request that carries the program's events, or
+    nothing where the id cannot be a header value (not printable ASCII: event ids may be any
+    text, HTTP header values may not); such a program's events still go, unhashed."""
+    ok = program_id.isascii() and program_id.isprintable()
+    return {PROGRAM_HEADER: program_id} if ok else {}
+
+
+def claude_code_root(program_id: str) -> str:
+    """The session a Claude Code program id belongs to (the id itself for a session): its model
+    requests carry only the session's ``x-claude-code-session-id``, so a balancer hashing on the
+    session keeps a subagent's hook events with them only when they are sent under the session."""
+    return program_id.split("/agent-", 1)[0]
 
 
 def claude_code_session(user_id: Any) -> str | None:

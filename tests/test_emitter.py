@@ -222,6 +222,20 @@ def test_http_sink_splits_a_deep_queue_into_bounded_requests():
     assert [len(body) for body in server.bodies] == [100, 100, 50]
 
 
+def test_http_sink_sends_one_request_per_program_each_with_its_program_header():
+    events = [ToolStart(ts=T0 + i, program_id=f"p{i % 3}", call_id=f"c{i}", tool="t") for i in range(9)]
+    events.append(ToolStart(ts=T0, program_id="p\u00e9", call_id="c-e", tool="t"))
+    with EventServer() as server:
+        sink = HttpSink(server.url, max_events_per_request=2)
+        assert sink.send(events) == 0
+        sink.close()
+    sent = [(h.get("x-program-id"), [e["call_id"] for e in body]) for h, body in zip(server.headers, server.bodies)]
+    assert sent == [
+        ("p0", ["c0", "c3"]), ("p0", ["c6"]), ("p1", ["c1", "c4"]), ("p1", ["c7"]),
+        ("p2", ["c2", "c5"]), ("p2", ["c8"]), (None, ["c-e"]),
+    ]  # fmt: skip
+
+
 def test_http_sink_to_a_closed_port_raises_for_the_emitter_to_retry():
     import httpx
 

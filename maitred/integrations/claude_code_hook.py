@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from maitred.identity import claude_code_root, program_header
 from maitred.integrations.claude_code import HookPayloadError, wire_events
 from maitred.integrations.spool import (
     Destination,
@@ -188,6 +189,16 @@ def _deliver(destination: Destination, timeout: float, *, foreground: bool) -> N
         sender.close()
 
 
+def _by_session(events: Sequence[dict[str, Any]]) -> dict[str | None, list[dict[str, Any]]]:
+    """Wire events grouped by the Claude Code session they belong to, in order; None for an
+    event naming no program (the runtime refuses it alone)."""
+    groups: dict[str | None, list[dict[str, Any]]] = {}
+    for event in events:
+        program_id = event.get("program_id")
+        groups.setdefault(claude_code_root(program_id) if isinstance(program_id, str) else None, []).append(event)
+    return groups
+
+
 def _events_of(line: bytes) -> list[dict[str, Any]]:
     events = json.loads(line)
     if not isinstance(events, list):
@@ -205,17 +216,23 @@ class _Sender:
         self._store: Any = None
 
     def send(self, events: Sequence[dict[str, Any]]) -> str | None:
-        """None once delivered (or refused for their content), else what went wrong."""
+        """None once delivered (or refused for their content), else what went wrong. To the
+        runtime, one request per session (subagents' events with their session's), each with
+        the session's ``X-Program-Id``: a balancer hashing on it, or on the
+        ``x-claude-code-session-id`` of the session's model requests, sends them to one shard."""
         error = None
         if self.destination.url:
-            error = self._post(events)
+            for session, group in _by_session(events).items():
+                error = self._post(session, group)
+                if error is not None:
+                    break
             if error is None:
                 return None
             if not self.destination.db:
                 return f"the runtime at {self.destination.url} {error}"
         return self._write(events, after=error)
 
-    def _post(self, events: Sequence[dict[str, Any]]) -> str | None:
+    def _post(self, session: str | None, events: Sequence[dict[str, Any]]) -> str | None:
         """``http.client`` rather than the middleware's httpx sink: the deliverer imports only
         what it uses, so it starts in milliseconds."""
         import http.client
@@ -228,8 +245,8 @@ class _Sender:
         headers = {"content-type": "application/json", "user-agent": "maitred-hook-claude-code"}
         if self.destination.token:
             headers["authorization"] = f"Bearer {self.destination.token}"
-        if events and isinstance(events[0].get("program_id"), str):
-            headers["x-program-id"] = events[0]["program_id"]  # balancers that hash on it keep a session together
+        if session is not None:
+            headers.update(program_header(session))
         body = json.dumps(list(events), separators=(",", ":"))
         for attempt in (1, 2):  # a kept-alive connection the server closed: one fresh try
             if self._conn is None:

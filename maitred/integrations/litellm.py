@@ -53,7 +53,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 from litellm.integrations.custom_logger import CustomLogger
 
 from maitred.events import LLMEnd
-from maitred.identity import client_program_id
+from maitred.identity import client_program_id, program_header
 from maitred.middleware.config import emit
 
 __all__ = ["MaitredLogger", "llm_end_of", "maitred_logger", "normalize_base", "program_id_of"]
@@ -169,14 +169,16 @@ class MaitredLogger(CustomLogger):
         return data
 
     async def _admitted(self, url: str, program_id: str, data: Mapping[str, Any]) -> str | None:
-        """Ask the runtime for admission (``POST /v1/admit``): it answers once the program may
-        run, with its worker; the runtime bounds the wait (its hold bound), and so does
+        """Ask the runtime for admission (``POST /v1/admit``, with ``X-Program-Id`` so a balancer
+        sends it to the program's shard): it answers once the program may run, with its worker; the runtime bounds the wait (its hold bound), and so does
         ``admission_timeout_s``. A runtime that is down or refuses us is never waited on."""
         body: dict[str, Any] = {"program_id": program_id, "request_id": str(data.get("litellm_call_id") or uuid.uuid4())}
         if isinstance(data.get("model"), str):
             body["model"] = data["model"]
         try:
-            response = await self._http().post(f"{url}/v1/admit", json=body, timeout=self.admission_timeout_s)
+            response = await self._http().post(
+                f"{url}/v1/admit", json=body, headers=program_header(program_id), timeout=self.admission_timeout_s
+            )
             response.raise_for_status()
             worker = response.json().get("worker")
         except (httpx.HTTPError, ValueError, AttributeError) as exc:

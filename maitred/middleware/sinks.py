@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import httpx
 
 from maitred.events import Event, EventError, check_event, dumps_batch
+from maitred.identity import program_header
 
 if TYPE_CHECKING:
     from maitred.storage import SessionStore
@@ -157,8 +158,19 @@ def trace_injector() -> Callable[[MutableMapping[str, str]], None] | None:
     return inject
 
 
+def by_program(events: Sequence[Event]) -> dict[str, list[Event]]:
+    """Events grouped by program, in the order each program first appears (and each group in
+    its events' order)."""
+    groups: dict[str, list[Event]] = {}
+    for event in events:
+        groups.setdefault(event.program_id, []).append(event)
+    return groups
+
+
 class HttpSink:
-    """POSTs batches as JSON arrays to ``<runtime_url>/v1/events``, at most
+    """POSTs batches as JSON arrays to ``<runtime_url>/v1/events``: one request per program,
+    each with that program's ``X-Program-Id`` so a balancer hashing on the header sends a
+    program's events to the shard that runs its model calls, and at most
     ``max_events_per_request`` events per request so a deep queue never makes a body the
     runtime refuses as too large. A request the runtime refuses (400, 413, 422) counts its
     events as refused; the rest of the batch still goes.
@@ -195,16 +207,19 @@ class HttpSink:
         so nothing is stored twice."""
         valid = valid_events(events, self._refusals)
         step = self.max_events_per_request
-        return len(events) - len(valid) + sum(self._post(valid[i : i + step]) for i in range(0, len(valid), step))
+        refused = len(events) - len(valid)
+        for program_id, group in by_program(valid).items():
+            refused += sum(self._post(program_id, group[i : i + step]) for i in range(0, len(group), step))
+        return refused
 
-    def _post(self, events: Sequence[Event]) -> int:
+    def _post(self, program_id: str, events: Sequence[Event]) -> int:
         if self._client is None:
             self._client = httpx.Client(headers=self.headers, timeout=self.timeout_s)
             self._inject = trace_injector()
-        trace: dict[str, str] = {}
+        headers = program_header(program_id)
         if self._inject is not None:
-            self._inject(trace)
-        response = self._client.post(self.url, content=dumps_batch(events), headers=trace or None)
+            self._inject(headers)
+        response = self._client.post(self.url, content=dumps_batch(events), headers=headers)
         if response.status_code in (400, 413, 422):
             self._refusals.warning(
                 "maitred: %s refused %d events: %s %s", self.url, len(events), response.status_code, response.text[:300]
