@@ -122,20 +122,3 @@ class HandoffRow(Base):
     context_tokens: Mapped[int | None] = mapped_column(Int64)
     context_hash: Mapped[str | None] = mapped_column(ID)
     n_messages: Mapped[int | None] = mapped_column(Int64)
-
-
-class ProgramHomeRow(Base):
-    """Where a program lives now: the shard that owns it, its worker and its KV tier.
-
-    Not derived from events: the owning shard writes it as it places and moves the program, so a
-    shard that restarts (or its standby taking over) resumes its programs where they were instead
-    of recomputing every placement, and another shard can tell who owns a program it is handed.
-    """
-
-    __tablename__ = "program_homes"
-
-    program_id: Mapped[str] = mapped_column(ID, primary_key=True)
-    shard: Mapped[str] = mapped_column(ID, index=True)
-    worker: Mapped[str | None] = mapped_column(String(1024))
-    tier: Mapped[str | None] = mapped_column(String(16))
-    updated_at: Mapped[float] = mapped_column(Double)
