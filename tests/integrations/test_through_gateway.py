@@ -33,26 +33,16 @@ def test_langgraph_swarm_through_the_gateway_carries_the_program_id_on_every_req
     pytest.importorskip("langchain_openai", reason="the langgraph extra is not installed")
     pytest.importorskip("langgraph_swarm", reason="the langgraph extra is not installed")
     from langchain.agents import create_agent
-    from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
     from langgraph_swarm import create_handoff_tool, create_swarm
 
     from maitred.integrations.langgraph import MaitredCallbackHandler, MaitredMiddleware
+    from tests.integrations.scripted import add, grep
 
     c = cluster()
     maitred.configure(runtime_url=c.url)
     sent: list[httpx.Request] = []
     client = httpx.Client(event_hooks={"request": [sent.append]}, timeout=60)
-
-    @tool
-    def add(a: int, b: int) -> int:
-        """Add two numbers."""
-        return a + b
-
-    @tool
-    def grep(pattern: str) -> str:
-        """Search the code."""
-        return f"cart.py:12: {pattern}"
 
     def model() -> ChatOpenAI:
         return ChatOpenAI(
