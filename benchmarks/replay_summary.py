@@ -6,7 +6,7 @@
 For each folder (label: its name), every cell under memory pressure (one worker: C ≥ 50; at
 C = 20 every policy ties; several workers: every cell): maitred's
 throughput, the best baseline's, the ratio, maitred's mean TTFT against that baseline's and the
-best TTFT of any baseline, maitred as a share of ``clairvoyant`` and ``unlimited``, and
+best TTFT of any baseline, maitred as a share of ``belady`` and ``unlimited``, and
 maitred's tier moves per hour. Then the range of the ratio over all cells.
 """
 
@@ -46,7 +46,7 @@ def rows(folder: Path) -> list[tuple[str, str, float]]:
             if ours is None or best is None or fastest is None:
                 continue
             hours = ours["duration_s"] / 3600
-            seer, limit = cell(runs, "clairvoyant", c, r), cell(runs, UNLIMITED, c, r)
+            seer, limit = cell(runs, "belady", c, r), cell(runs, UNLIMITED, c, r)
             ratio = ours["throughput_tok_s"] / best["throughput_tok_s"]
             ttft = (ours["ttft_mean_s"] / best["ttft_mean_s"] - 1) * 100
             line = (
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(
         "| matrix | C ×host | maitred tok/s | best baseline | × | maitred mean TTFT (vs that baseline; best TTFT) "
-        "| × clairvoyant | × unlimited | tier moves/h |"
+        "| × belady | × unlimited | tier moves/h |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(line for line, _, _ in cells))

@@ -312,21 +312,21 @@ def test_each_policy_runs_at_its_published_cadence_and_hold_bound():
     assert RunConfig("mori", 1, hold_timeout_s=30.0).hold == 30.0
     urgent = {name for name in SIM_POLICIES if RunConfig(name, 1).cadence.urgent_s is not None}
     # maitred (and its variants and the references run on it); the others wait for their period
-    assert urgent == {"maitred", "maitred_no_preprefill", "maitred_write_through", "oracle", "clairvoyant"}
+    assert urgent == {"maitred", "maitred_no_preprefill", "maitred_write_through", "oracle", "belady"}
     assert RunConfig("maitred", 1).hold == 1800.0  # the gateway's default, the same in the replay
     with pytest.raises(ValueError, match="hold_timeout_s"):
         RunConfig("mori", 1, hold_timeout_s=-1)
 
 
-def test_clairvoyant_keeps_the_program_needed_soonest_per_token_on_the_gpu():
+def test_belady_keeps_the_program_needed_soonest_per_token_on_the_gpu():
     """Both acting, 4,000 tokens each in an 8,000-token GPU tier that holds one: soon (back in
     1 s) stays, late (back in 100 s) goes to host memory."""
-    from maitred.runtime.policies.clairvoyant import Clairvoyant
+    from maitred.runtime.policies.belady import Belady
 
     soon = program("soon", tokens=3_488, home="w0", tier=Tier.GPU)
     late = program("late", tokens=3_488, home="w0", tier=Tier.GPU)
     st_ = state([("w0", 6_000, 20_000)], [soon, late])
-    policy = Clairvoyant()
+    policy = Belady()
     policy.next_use.update(soon=NOW + 1, late=NOW + 100)
     decision = Scheduler(st_, policy).tick(NOW)
     assert [(m.program_id, m.dst) for m in decision.tier_moves] == [("late", Tier.CPU)]

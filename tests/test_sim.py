@@ -87,6 +87,28 @@ def test_memory_pressure_separates_policies_and_stays_below_the_physical_limit(s
     assert max(results.values()) > 1.05 * min(results.values())
 
 
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_unlimited_memory_bounds_every_policy_on_random_workloads(seed):
+    """``unlimited`` is the bound the reports read every cell against (``belady`` is not one):
+    on randomly drawn workloads, memory and concurrency, no policy's throughput exceeds it."""
+    rng = np.random.default_rng(seed)
+    trace = generate(
+        SyntheticSpec(
+            programs=30,
+            seed=seed,
+            min_steps=5,
+            max_steps=20,
+            handoffs=float(rng.choice([0.0, 0.5])),
+            tool_scale=float(rng.choice([0.5, 1.0, 4.0])),
+        )
+    )
+    concurrency, gpu, ratio = int(rng.choice([10, 20, 40])), int(rng.choice([150_000, 300_000])), float(rng.choice([0, 1, 2]))
+    limit = run(trace, "round_robin", concurrency, gpu_tokens=gpu, duration_s=300, seed=seed, unlimited=True)
+    for policy in SIM_POLICIES:
+        got = run(trace, policy, concurrency, gpu_tokens=gpu, cpu_ratio=ratio, duration_s=300, seed=seed)
+        assert got.throughput_tok_s <= limit.throughput_tok_s * 1.001, (policy, got.throughput_tok_s, limit.throughput_tok_s)
+
+
 def test_a_gpu_too_small_for_the_longest_step_is_a_clear_error(small_trace):
     with pytest.raises(ValueError, match="gpu_tokens: 1,000 per worker cannot hold the trace's longest step"):
         run(small_trace, "maitred", gpu_tokens=1_000)

@@ -33,7 +33,7 @@ from maitred.runtime import RuntimeState, SignalConfig, Tier, WorkerState
 from maitred.runtime.core import RuntimeCore, StepResult
 from maitred.runtime.hicache import write_back_for
 from maitred.runtime.policies import Policy
-from maitred.runtime.policies.clairvoyant import Clairvoyant
+from maitred.runtime.policies.belady import Belady
 from maitred.sim.engine import Request, WorkerModel
 from maitred.sim.profile import EngineProfile
 from maitred.sim.replay_config import ABLATIONS, DEFAULT_POLICIES, SIM_POLICIES, RunConfig, RunResult, SimPolicy
@@ -97,8 +97,8 @@ class Replay:
             replace(SignalConfig(period_s=cfg.period), **cfg.sizing),
             use_signature=cfg.use_signature,
         )
-        self.clairvoyant = Clairvoyant() if self.sim.runtime == "clairvoyant" else None
-        policy: Policy = self.clairvoyant or self.sim.policy()
+        self.belady = Belady() if self.sim.runtime == "belady" else None
+        policy: Policy = self.belady or self.sim.policy()
         self.core = RuntimeCore(self.state, policy, cfg.core_config(), started_at=0.0)
         self.scheduler = self.core.scheduler
         self.heap: list[tuple[float, int, str, object]] = []
@@ -279,12 +279,12 @@ class Replay:
                 self.spans.handoff(run.pid, t, previous, nxt.agent)
             self.consumers[run.pid] = None
             self._urgent_step(t)
-        if self.clairvoyant is not None:
+        if self.belady is not None:
             step = steps[run.step]
             if run.step + 1 < len(steps):
-                self.clairvoyant.next_use[run.pid] = t + sum(tool.duration_s for tool in step.tools) + step.human_wait_s
+                self.belady.next_use[run.pid] = t + sum(tool.duration_s for tool in step.tools) + step.human_wait_s
             else:
-                self.clairvoyant.next_use.pop(run.pid, None)
+                self.belady.next_use.pop(run.pid, None)
         run.tool = 0
         self._next_tool(run, t)
 

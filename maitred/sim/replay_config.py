@@ -11,7 +11,7 @@ from typing import Any
 from maitred.runtime.admission import Cadence
 from maitred.runtime.core import CoreConfig
 from maitred.runtime.policies import Maitred, Policy, make_policy
-from maitred.runtime.policies.clairvoyant import Clairvoyant
+from maitred.runtime.policies.belady import Belady
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +53,9 @@ SIM_POLICIES: dict[str, SimPolicy] = {
     # maitred on workers left at HiCache's default write_through: what write_back is worth
     "maitred_write_through": replace(MAITRED_SIM, write_back=False),
     "oracle": replace(MAITRED_SIM, oracle=True),
-    # the reference every policy is read against: told each program's next request time, on
+    # Belady's rule told each program's next request time (a heuristic, not a bound), on
     # the workers maitred runs (write-back below 2× host: more room for it too)
-    "clairvoyant": SimPolicy("clairvoyant", offload=True, write_back=True, typed=True, tiering=True, labels=True),
+    "belady": SimPolicy("belady", offload=True, write_back=True, typed=True, tiering=True, labels=True),
 }
 
 #: maitred with one of its parts turned off, asked for by name (e.g. on the handoff workload)
@@ -99,7 +99,7 @@ class RunConfig:
     def cadence(self) -> Cadence:
         """The policy's cadence with this run's overrides (``RuntimeCore`` resolves it the same way)."""
         runtime = SIM_POLICIES[self.policy].runtime
-        published = Clairvoyant.cadence if runtime == "clairvoyant" else make_policy(runtime).cadence
+        published = Belady.cadence if runtime == "belady" else make_policy(runtime).cadence
         return self.core_config().cadence(published)
 
     def core_config(self) -> CoreConfig:

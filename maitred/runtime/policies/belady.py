@@ -1,16 +1,20 @@
-"""A clairvoyant reference: Belady's rule, size-aware, with each program's next request known.
+"""``belady``: Belady's rule, size-aware, told each program's next request — a heuristic, not a bound.
 
 The replay tells it when every program will next ask (``next_use``: the end of its remaining
-tools and waits, from the trace); nothing real can know that, so this is the yardstick the
-other policies are read against, not a policy to deploy. Every step, on every worker, the
-programs are ranked by (time until their next request) × (their KV weight) — Belady's "evict
-what is needed furthest in the future", weighed by the room it holds (as GreedyDual-Size does
-for objects of different sizes) — and the GPU tier is filled in that order, then the host tier;
+tools and waits, from the trace); nothing real can know that, so it shows what knowing the
+future buys a simple rule, not a policy to deploy. Every step, on every worker, the programs
+are ranked by (time until their next request) × (their KV weight) — Belady's "evict what is
+needed furthest in the future", weighed by the room it holds (as GreedyDual-Size does for
+objects of different sizes) — and the GPU tier is filled in that order, then the host tier;
 the rest wait. Reasoning programs rank first and are never moved mid-step. New programs go to
-the worker with the most room. It is a strong heuristic, not a proven optimum: the replay
-reports it so a share of it can be read, and a policy may beat it in a cell. Unlike the
-policies it keeps memory (``next_use``, the future it is told), which is why only the replay
-can run it.
+the worker with the most room.
+
+It is named for its rule rather than called an oracle or a bound: Belady's rule is optimal for
+one cache of equal-sized pages without a second tier, and none of that holds here (programs
+differ in size, a host tier and transfer times sit between, admission and placement interact),
+so other policies can and do beat it. The one upper bound the replay reports is ``unlimited``:
+the same workload with unlimited GPU memory. Unlike the policies it keeps memory
+(``next_use``, the future it is told), which is why only the replay can run it.
 """
 
 from dataclasses import replace
@@ -23,8 +27,8 @@ from maitred.runtime.records import Phase, ProgramState, Tier
 from maitred.runtime.state import View
 
 
-class Clairvoyant:
-    name = "clairvoyant"
+class Belady:
+    name = "belady"
     warms = False  # proposes no warmups
     cadence = Cadence(period_s=1.0, hold_s=1800.0, urgent_s=0.05)
 
