@@ -305,6 +305,7 @@ async def test_under_memory_pressure_idle_programs_are_demoted_newcomers_held_an
         assert [r.status_code for r in rs] == [200, 200] and time.monotonic() - started >= 1.0  # they were held
         metrics = (await client.get("/metrics")).text
         assert c.metric(metrics, "maitred_forced_admissions_total") >= 1
+        assert c.metric(metrics, "maitred_held_requests_total") >= 2  # both newcomers were held, not sent
 
         async def some_idle_demoted() -> list[str]:
             programs = (await client.get("/v1/programs")).json()

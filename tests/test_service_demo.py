@@ -23,6 +23,7 @@ def test_live_demo_runs_each_policy_and_records_everything(tmp_path):
     for row in rows:
         assert row["requests"] == 8 and row["errors"] == 0 and row["ttft_mean_s"] > 0
         assert 0 < row["cache_hit_rate"] < 1
+    assert rows[1]["held_requests"] == 0  # round robin places every request on arrival
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert runs[0].tiers and runs[0].tools
     with SessionStore(db) as store:

@@ -189,6 +189,7 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
             self._refused(program_id, request_id, known=known, store=store)
             raise self.no_worker()
         held = _Held(asyncio.get_running_loop().create_future(), time.monotonic())
+        self.metrics.held.inc()
         self._held.setdefault(program_id, []).append(held)
         self.kick_soon()
         forced = sent = False

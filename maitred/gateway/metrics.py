@@ -96,6 +96,7 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.held = Counter("maitred_held_requests_total", "Requests held for GPU room instead of being sent at once", registry=r)
         self.forced = Counter("maitred_forced_admissions_total", "Held requests let through after the bounded wait", registry=r)
         self.ttft = Histogram(
             "maitred_ttft_seconds",

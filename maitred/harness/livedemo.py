@@ -42,14 +42,24 @@ from maitred.sim.worker.config import SimWorkerConfig
 #: One thread per program against two workers: beyond this the demo measures the threads.
 MAX_PROGRAMS = 200
 
+#: What each tier the gateway reports means, in the PNG's legend and the printed summary.
+TIER_LABELS = {
+    "gpu": "KV on a GPU",
+    "cpu": "KV in host memory (demoted)",
+    "waiting": "KV dropped or not yet built (a full prefill when admitted)",
+}
+
 
 @dataclass(frozen=True)
 class LiveDemoConfig:
     programs: int = 32
     seed: int = 0
     steps: int = 8  # the first steps of each traced program
-    time_scale: float = 1.0  # demo seconds per traced tool second
-    engine_speedup: float = 10.0  # the simulated GPUs run this much faster than the profiled one
+    # demo seconds per traced tool second: 0.4 keeps a first ``make demo`` (install included)
+    # under two minutes; the engine is sped up by as much, so tools and model steps keep the
+    # trace's proportions
+    time_scale: float = 0.4
+    engine_speedup: float = 25.0  # the simulated GPUs run this much faster than the profiled one
     gpu_tokens: int = 120_000  # per worker: about half of the programs' contexts fit in the two
     cpu_tokens: int = 240_000  # per worker: HiCache host memory, twice the GPU pool
     hold_timeout_s: float = HOLD_TIMEOUT_S  # the gateway default
@@ -159,13 +169,19 @@ class _Agent:
 
 
 def _sample_tiers(url: str, run: RunSummary, started: float, stop: threading.Event) -> None:
+    """Programs per tier every half second, the first at once and the last as the run ends, so
+    even a run shorter than the period has its start and end on the plot."""
     with httpx.Client(base_url=url, timeout=10) as client:
-        while not stop.wait(0.5):
+        ended = False
+        while True:
             try:
                 tiers = Counter(p["tier"] for p in client.get("/v1/programs").json())
+                run.tiers.append((time.monotonic() - started, {t: tiers.get(t, 0) for t in TIER_LABELS}))
             except httpx.HTTPError:
-                continue
-            run.tiers.append((time.monotonic() - started, {t: tiers.get(t, 0) for t in ("gpu", "cpu", "waiting")}))
+                pass  # one missed sample; the next comes half a second later
+            if ended:
+                return
+            ended = stop.wait(0.5)
 
 
 def _metric(text: str, prefix: str) -> float:
@@ -218,6 +234,7 @@ def run_policy(policy: str, cfg: LiveDemoConfig, db_url: str | None, progress: C
                 text = client.get("/metrics").text
                 run.tools = client.get("/v1/stats/tools").json()["tools"]
             for name in (
+                "maitred_held_requests_total",
                 "maitred_forced_admissions_total",
                 "maitred_tier_moves_total",
                 "maitred_warmups_total",
@@ -225,9 +242,6 @@ def run_policy(policy: str, cfg: LiveDemoConfig, db_url: str | None, progress: C
                 "maitred_queue_wait_seconds_count",
             ):
                 run.metrics[name] = _metric(text, name)
-            run.metrics["held"] = run.metrics["maitred_queue_wait_seconds_count"] - _metric(
-                text, 'maitred_queue_wait_seconds_bucket{le="0.001"}'
-            )
     return run
 
 
@@ -250,7 +264,7 @@ def summary_rows(runs: list[RunSummary]) -> list[dict[str, Any]]:
             "ttft_mean_s": round(statistics.fmean(r.ttft_s), 3) if r.ttft_s else None,
             "ttft_p95_s": round(r.ttft(0.95), 3),
             "cache_hit_rate": round(r.hit_rate, 3),
-            "held_requests": int(r.metrics.get("held", 0)),
+            "held_requests": int(r.metrics.get("maitred_held_requests_total", 0)),
             "forced_admissions": int(r.metrics.get("maitred_forced_admissions_total", 0)),
             "tier_moves": int(r.metrics.get("maitred_tier_moves_total", 0)),
             "warmups": int(r.metrics.get("maitred_warmups_total", 0)),
@@ -269,9 +283,11 @@ def write_png(runs: list[RunSummary], path: Path) -> None:
     tiered = next((r for r in runs if r.policy == "maitred"), runs[0])
     if tiered.tiers:
         t = [x for x, _ in tiered.tiers]
-        stacks = [[c[tier] for _, c in tiered.tiers] for tier in ("gpu", "cpu", "waiting")]
-        axes[0].stackplot(t, stacks, labels=["GPU", "host (CPU)", "dropped (waiting)"], alpha=0.85)
-        axes[0].legend(loc="upper right")
+        # a tier no program was ever in is left out, not drawn as an empty band in the legend
+        shown = [tier for tier in TIER_LABELS if any(c[tier] for _, c in tiered.tiers)]
+        stacks = [[c[tier] for _, c in tiered.tiers] for tier in shown]
+        axes[0].stackplot(t, stacks, labels=[TIER_LABELS[tier] for tier in shown], alpha=0.85)
+        axes[0].legend(loc="upper right", fontsize=8)
     axes[0].set(title=f"{tiered.policy}: programs per tier", xlabel="seconds", ylabel="programs")
     for r in runs:
         ordered = sorted(r.ttft_s)
@@ -295,7 +311,6 @@ def print_summary(runs: list[RunSummary], png: Path | None) -> None:
 
     console = output_console()
     console.width = max(console.width, 110)  # the summary has eleven columns
-    table = Table(title="the same programs, two policies (time to first token as the agents saw it)")
     rows = summary_rows(runs)
     labels = {
         "ttft_mean_s": "TTFT mean s",
@@ -304,6 +319,14 @@ def print_summary(runs: list[RunSummary], png: Path | None) -> None:
         "held_requests": "held",
         "forced_admissions": "forced",
     }
+    legend = (
+        "held: requests the policy kept waiting for GPU room before sending them (round robin never holds); "
+        "forced: held requests sent anyway at the hold bound; tier moves: programs demoted to host memory "
+        "or brought back; warmups: prefills sent ahead of a program's return"
+    )
+    table = Table(
+        title="the same programs, two policies (time to first token as the agents saw it)", caption=legend, caption_justify="left"
+    )
     for column in rows[0]:
         table.add_column(labels.get(column, column.replace("_", " ")), justify="left" if column == "policy" else "right")
     for row in rows:
@@ -314,7 +337,7 @@ def print_summary(runs: list[RunSummary], png: Path | None) -> None:
         peak = max(tiers, key=lambda tc: tc[1]["cpu"] + tc[1]["waiting"])
         console.print(
             f"programs per tier under maitred, at the most crowded moment ({peak[0]:.0f} s): "
-            + ", ".join(f"{k} {v}" for k, v in peak[1].items())
+            + "; ".join(f"{TIER_LABELS[k]}: {v}" for k, v in peak[1].items())
         )
     tools = [t for t in runs[0].tools if not t.get("signature") and t["tool"] != "*"]
     if tools:
