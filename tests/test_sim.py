@@ -593,6 +593,8 @@ def test_replay_summary_prints_the_cross_matrix_row_of_each_cell_under_pressure(
     rows = [line for line in printed.splitlines() if line.startswith("| m |")]
     assert len(rows) == 1 and rows[0].startswith(f"| m | 50 ×1 | {ours:.0f} | thunderagent_offload {theirs:.0f} |")
     assert f"**{ours / theirs:.2f}×**" in rows[0] and "over 1 cells" in printed
+    limit = next(r["throughput_tok_s"] for r in runs if r["policy"] == "unlimited" and r["concurrency"] == 50)
+    assert f"| {limit:.0f} ({ours / limit:.0%}) |" in rows[0]  # the bound beside the cell
     (tmp_path / "empty").mkdir()
     refused = subprocess.run([sys.executable, str(script), str(out), str(tmp_path / "empty")], capture_output=True, text=True)
     assert refused.returncode == 1 and refused.stdout == "" and "Traceback" not in refused.stderr
