@@ -177,7 +177,8 @@ def working_set_capacity(view: View) -> dict[str, TierCapacity]:
     hour at synthetic C = 80 and lost 2–5% to ThunderAgent; with it, ~400 moves and 1.01–1.11×.
     Fill margins 0.85–0.95 and headroom 0.2–0.4 measured alike; a fill margin of 1.0 loses 5% on
     SWE-agent C = 80 ×1, where a few percent of overcommit thrashes; headroom 0 loses 7% on
-    synthetic C = 80 ×1 (BENCHMARKS.md, "Tuning", has the commands).
+    synthetic C = 80 ×1 (``maitred bench replay --busy-margin M --overcommit-headroom H`` with the
+    matrices' commands in BENCHMARKS.md, "Replay matrix", reruns these).
     """
     reserve, cfg, gpu = view.cfg.reserve_tokens, view.cfg, Tier.GPU  # an enum member read per program is slow on 3.11
     tokens = busy = 0.0
