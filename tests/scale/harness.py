@@ -103,16 +103,18 @@ class Shard:
             store.close()
 
 
-def start_shards(count: int, root: Path, stack: ExitStack, *, workers_per_shard: int = 2) -> list[Shard]:
-    """``count`` shards, started together (the workers first: a gateway waits for them)."""
+def start_shards(
+    count: int, root: Path, stack: ExitStack, *, workers_per_shard: int = 2, time_scale: float = 50.0
+) -> list[Shard]:
+    """``count`` shards, started together (the workers first: a gateway waits for them);
+    ``time_scale``: how much faster than a GPU the simulated workers answer."""
     plans = []
     for i in range(1, count + 1):
         ports = [free_port() for _ in range(workers_per_shard)]
         workers = []
         for j, port in enumerate(ports, 1):
-            argv = maitred_command(
-                "sim-worker", "--port", str(port), "--gpu-tokens", "400000", "--time-scale", "50", "--log-level", "warning"
-            )
+            argv = maitred_command("sim-worker", "--port", str(port), "--gpu-tokens", "400000", "--log-level", "warning")
+            argv += ["--time-scale", str(time_scale)]
             worker = Process(argv, root / f"shard{i}-worker{j}.log")
             stack.callback(worker.stop)
             workers.append(worker)
@@ -217,3 +219,25 @@ def start_balancer(kind: str, shards: Sequence[Shard], root: Path, stack: ExitSt
     balancer = Balancer(kind, port, process)
     wait_http(balancer.url + "/healthz", timeout_s=60, process=process.proc)
     return balancer
+
+
+@dataclass
+class Sharded:
+    """Shards and the balancer in front of them."""
+
+    balancer: Balancer
+    shards: list[Shard]
+
+    def placement(self) -> dict[str, dict[str, tuple[int, int]]]:
+        """Each program's ``(tool_calls, llm_calls)`` in the store of every shard that has it."""
+        out: dict[str, dict[str, tuple[int, int]]] = {}
+        for shard in self.shards:
+            for pid, summary in shard.programs().items():
+                out.setdefault(pid, {})[shard.name] = (summary.tool_calls, summary.llm_calls)
+        return out
+
+
+def start_sharded(kind: str, count: int, root: Path, stack: ExitStack, *, time_scale: float = 50.0) -> Sharded:
+    """``count`` shards of two workers each behind the shipped config of ``kind``."""
+    shards = start_shards(count, root, stack, time_scale=time_scale)
+    return Sharded(start_balancer(kind, shards, root, stack), shards)

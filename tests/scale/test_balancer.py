@@ -19,7 +19,7 @@ import pytest
 
 import maitred
 from tests.helpers import Warnings, wait_until
-from tests.scale.conftest import Sharded
+from tests.scale.harness import Sharded
 
 PROGRAMS = 32
 #: An agent's prompt is tens of KB: more than nginx keeps in memory (client_body_buffer_size,
