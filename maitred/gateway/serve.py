@@ -354,7 +354,7 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
     elif args.db and sources.get("db", "--db") == "--db":  # over a database from $MAITRED_DB or a file, --no-db wins
         raise _Refused("--no-db: cannot be combined with --db")
     otlp = _otlp_endpoint(args.otlp_endpoint, sources.get("otlp_endpoint", "--otlp-endpoint"))
-    shard = _shard(args, db)
+    shard = _shard(args, db, sources)
     sizing = {
         name: value
         for name, value in (("busy_margin", args.busy_margin), ("overcommit_headroom", args.overcommit_headroom))
@@ -396,17 +396,20 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
     )
 
 
-def _shard(args: argparse.Namespace, db: str | None) -> "ShardConfig | None":
-    """``--shard`` and ``--lease-poll``: a lease needs a PostgreSQL store to be kept in."""
+def _shard(args: argparse.Namespace, db: str | None, sources: dict[str, str]) -> "ShardConfig | None":
+    """``--shard`` and ``--lease-poll``: a lease needs a PostgreSQL store to be kept in.
+    ``sources``: where each setting came from, to name it in a refusal."""
     from maitred.gateway.lease import lease_label
     from maitred.gateway.standby import ShardConfig
 
     if args.shard is None:
         if args.lease_poll is not None:
-            raise _Refused("--lease-poll: only with --shard (a gateway without a shard holds no lease)")
+            where = sources.get("lease_poll", "--lease-poll")
+            raise _Refused(f"{where}: only with --shard (a gateway without a shard holds no lease)")
         return None
+    shard = sources.get("shard", "--shard")
     if db is None:
-        raise _Refused("--shard: needs a PostgreSQL store to keep the lease in: --db postgresql://..., not --no-db")
+        raise _Refused(f"{shard}: needs a PostgreSQL store to keep the lease in: --db postgresql://..., not --no-db")
     from sqlalchemy.engine import make_url
 
     from maitred.storage.engine import normalize_db_url
@@ -417,8 +420,10 @@ def _shard(args: argparse.Namespace, db: str | None) -> "ShardConfig | None":
     except StoreError as exc:
         raise _Refused(f"--db: {exc}") from None
     if backend != "postgresql":
+        given = sources.get("db", "--db" if args.db else "the default --db")
         raise _Refused(
-            f"--shard: needs a PostgreSQL --db to keep the lease in (--db postgresql://USER@HOST/DB), not {backend} ({db})"
+            f"{shard}: needs a PostgreSQL --db to keep the lease in (--db postgresql://USER@HOST/DB), "
+            f"not {backend} ({given}: {db})"
         )
     label = lease_label(args.shard, args.host, args.port)
     return ShardConfig(args.shard, label, args.lease_poll if args.lease_poll is not None else LEASE_POLL_S)

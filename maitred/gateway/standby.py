@@ -124,9 +124,14 @@ async def try_lease(lease: ShardLease, role: ShardRole) -> bool:
             return True
         role.holder = await asyncio.to_thread(lease.holder)
         role.unreachable = None
-    except LeaseUnavailable as exc:
+    except Exception as exc:  # LeaseUnavailable, or anything unforeseen: a standby keeps trying
         if role.unreachable is None:  # once per outage, not once per poll
-            log.warning("maitred: shard %s: cannot ask for the lease (%s); trying every poll", role.cfg.name, exc)
+            log.warning(
+                "maitred: shard %s: cannot ask for the lease (%s); trying every poll",
+                role.cfg.name,
+                exc,
+                exc_info=not isinstance(exc, LeaseUnavailable),
+            )
         role.holder, role.unreachable = None, str(exc)
     return False
 
@@ -158,8 +163,13 @@ async def keep_shard(
         log.info(
             "maitred: shard %s: serving as the holder, %.3f s after winning the lease", role.cfg.name, time.monotonic() - won
         )
-    while await asyncio.to_thread(lease.check):
-        await asyncio.sleep(poll_s)
-    role.lose("its PostgreSQL session ended")
+    try:
+        while await asyncio.to_thread(lease.check):
+            await asyncio.sleep(poll_s)
+        reason = "its PostgreSQL session ended"
+    except Exception as exc:  # a check that cannot run cannot vouch for the lease either
+        log.exception("maitred: shard %s: checking the lease failed", role.cfg.name)
+        reason = f"checking it failed: {exc}"
+    role.lose(reason)
     log.error("maitred: shard %s: lease lost; refusing requests and exiting", role.cfg.name)
     on_lost()
