@@ -6,6 +6,7 @@ schema, and a holder whose session is ended knows it lost the lease."""
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 
@@ -17,6 +18,7 @@ from maitred.gateway import serve, standby
 from maitred.gateway.lease import ShardLease
 from maitred.harness.background import free_port, wait_http
 from maitred.harness.standby import ShardPair, chat, takeover
+from maitred.storage import SessionStore
 from tests.conftest import POSTGRES_URL
 from tests.helpers import throwaway_schemas, wait_until
 
@@ -121,15 +123,20 @@ def test_the_lease_poll_default_is_the_standby_s():
 
 
 def test_one_gateway_serves_the_other_stands_by_and_takes_over_when_the_holder_is_killed(schema_url, workers, tmp_path):
-    with ShardPair(schema_url(), workers, tmp_path, lease_poll_s=0.2) as pair:
+    url = schema_url()
+    with ShardPair(url, workers, tmp_path, lease_poll_s=0.2) as pair:
         holder, [spare] = pair.holder(), pair.standbys()
         assert chat(holder.url, "p-before").status_code == 200
+        tool = {"type": "tool.start", "ts": time.time(), "program_id": "p-before", "call_id": "c1", "tool": "pytest"}
+        assert httpx.post(holder.url + "/v1/events", json=[tool], timeout=10).json()["accepted"] == 1
+        before = httpx.get(holder.url + "/v1/programs/p-before", timeout=10).json()
         health = spare.health()
         assert health is not None and health.status_code == 503
         said = health.json()
         assert (said["shard"], said["role"]) == ("s1", "standby")
         assert re.fullmatch(rf"maitred shard=s1 pid={holder.proc.pid} 127\.0\.0\.1:\d+", said["lease_holder"]), said
         assert not any(said["workers"].values()), "a standby does not poll the workers"
+        assert said["store"] is None, "a standby runs no store writer"
         for path, body in (("/v1/chat/completions", {"model": "m", "messages": []}), ("/v1/events", [])):
             refused = httpx.post(spare.url + path, json=body, timeout=10)
             assert refused.status_code == 503 and refused.headers["retry-after"] == "1", refused.text
@@ -137,8 +144,15 @@ def test_one_gateway_serves_the_other_stands_by_and_takes_over_when_the_holder_i
         held = holder.health()
         assert held is not None and (held.json()["role"], held.json()["lease_holder"]) == ("holder", said["lease_holder"])
 
+        def stored() -> bool:
+            with SessionStore(url) as store:
+                return any(e["type"] == "tool.start" and e["program_id"] == "p-before" for e in store.events())
+
+        assert wait_until(stored, timeout=60)
         seconds = takeover(pair, "p-after")
         assert pair.holder() is spare and seconds > 0
+        after = httpx.get(spare.url + "/v1/programs/p-before", timeout=10).json()  # restored from the store
+        assert (after["worker"], after["tool"]["call_id"]) == (before["worker"], "c1")
         now = spare.health()
         assert now is not None and now.json()["role"] == "holder"
         metrics = httpx.get(spare.url + "/metrics", timeout=10).text
