@@ -13,6 +13,7 @@ from contextlib import ExitStack
 import httpx
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
 from maitred.gateway import serve, standby
 from maitred.gateway.lease import ShardLease
@@ -20,7 +21,7 @@ from maitred.harness.background import free_port, wait_http
 from maitred.harness.standby import ShardPair, chat, takeover
 from maitred.storage import SessionStore
 from tests.conftest import POSTGRES_URL
-from tests.helpers import throwaway_schemas, wait_until
+from tests.helpers import TcpProxy, throwaway_schemas, wait_until
 
 
 @pytest.fixture
@@ -176,3 +177,19 @@ def test_a_holder_whose_lease_session_ends_stops_serving_and_exits_and_the_stand
         assert holder.proc.wait(60) == 1
         assert "maitred serve: error: --shard s1: lease lost" in holder.log.read_text()
         assert pair.holder() is spare and chat(spare.url, "p-after").status_code == 200
+
+
+def test_a_gateway_started_while_the_database_is_down_stands_by_and_serves_once_it_is_back(schema_url, workers, tmp_path):
+    url = make_url(schema_url())
+    database = TcpProxy(url.host or "127.0.0.1", url.port or 5432)  # not up yet: connections are refused
+    pair = ShardPair(url.set(port=database.port).render_as_string(hide_password=False), workers, tmp_path, lease_poll_s=0.2)
+    try:
+        gateway = pair.start()
+        health = gateway.health()
+        assert health is not None and health.status_code == 503
+        assert health.json()["role"] == "standby" and "cannot ask for the lease" in health.json()["status"]
+        database.up()
+        assert pair.holder() is gateway and chat(gateway.url, "p-late").status_code == 200
+    finally:
+        pair.close()
+        database.down()
