@@ -4,14 +4,16 @@
 seeds tool statistics from it), reads the workers' capacities, starts the scheduler, and on
 shutdown stops them in reverse and writes what is still queued for the store. Without workers
 it is a telemetry-only service: hooks, events, programs, statistics and metrics work, and every
-model route answers 503 saying the gateway runs without workers.
+model route answers 503 saying the gateway runs without workers. Under ``--shard`` the parts that
+act on the workers and the store start only once the gateway holds its shard's lease, at once or
+on taking over from a holder that died (``standby``).
 """
 
 import asyncio
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -22,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from maitred.gateway.guard import routing_error
 from maitred.gateway.ingest import HookMapper, add_admin_routes
+from maitred.gateway.lease import ShardLease
 from maitred.gateway.loop import LiveConfig, LiveDriver
 from maitred.gateway.metrics import Metrics
 from maitred.gateway.origin import LOOPBACK_HOSTS, OriginGuard
@@ -30,6 +33,7 @@ from maitred.gateway.proxy import Proxy, add_proxy_routes
 from maitred.gateway.proxy_config import ProxyConfig
 from maitred.gateway.sglang.client import SGLangClient
 from maitred.gateway.span_signals import span_signals
+from maitred.gateway.standby import ShardConfig, ShardRole, StandbyGate, keep_shard, try_lease
 from maitred.gateway.store_writer import StoreWriter
 from maitred.gateway.top_tools import MAX_TOOLS
 from maitred.gateway.trust import Tokens
@@ -55,6 +59,7 @@ class ServeConfig:
     drain_timeout_s: float = 10.0  # at shutdown, how long queued events get to reach the store
     metrics_max_tools: int = MAX_TOOLS  # tools given a label of their own on /metrics; the rest are "other"
     otlp_endpoint: str | None = None  # also export the stored events as OpenTelemetry spans there
+    shard: ShardConfig | None = None  # serve only while holding this shard's lease (``standby``)
 
 
 @dataclass
@@ -66,6 +71,7 @@ class Gateway:
     client: httpx.AsyncClient  # control plane
     proxy: Proxy  # model requests
     loop: asyncio.AbstractEventLoop | None = None  # the serving event loop, once started
+    shard: ShardRole | None = None  # under ``ServeConfig.shard``: holder or standby
 
 
 def build_app(
@@ -74,9 +80,14 @@ def build_app(
     hook_mapper: tuple[HookMapper | None, type[Exception]] | None = None,
     on_ready: Callable[[Gateway], None] | None = None,
     on_shutdown: Callable[[], None] | None = None,
+    on_lease_lost: Callable[[], None] | None = None,
 ) -> Gateway:
     """``on_shutdown`` runs (in a thread) last in the app's shutdown: uvicorn re-raises the
-    signal that stopped it once the app is down, so cleanup after ``uvicorn.run`` may never run."""
+    signal that stopped it once the app is down, so cleanup after ``uvicorn.run`` may never run.
+    ``on_lease_lost`` (``cfg.shard``) runs on the event loop when the held lease failed, after
+    the gateway stopped serving: ``maitred serve`` exits then."""
+    if cfg.shard is not None and cfg.db_url is None:
+        raise ValueError("a shard lease needs the PostgreSQL store it is kept in (db_url)")
     # The control plane (health, load, capacity, warmups) speaks httpx; model requests go through
     # the proxy's own aiohttp pool (see gateway). Idle connections are let go well before a
     # worker's keep-alive timeout (uvicorn's and SGLang's: 5 s).
@@ -84,58 +95,43 @@ def build_app(
     client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(30.0, connect=5.0))
     backends = {url.rstrip("/"): SGLangClient(url.rstrip("/"), client) for url in cfg.workers}
     runtime = LiveDriver(backends, cfg.runtime, Metrics(cfg.metrics_max_tools))
+    role = ShardRole(cfg.shard, runtime.metrics) if cfg.shard is not None else None
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def serve_as_holder() -> None:
+        """Start what acts on the workers and the store: at once, or once a standby won its
+        shard's lease (``standby``)."""
         if cfg.db_url is not None:
-            loop = asyncio.get_running_loop()
-            url = cfg.db_url
-
-            def seed(store: "SessionStore") -> None:  # in the writer thread; the state is the loop's
-                rows, signatures = store.tool_stats_all(), store.tool_stats_all(by_signature=True)
-                loop.call_soon_threadsafe(runtime.seed, rows, signatures)
-                events = store.open_program_events(time.time() - cfg.runtime.program_ttl_s)
-                loop.call_soon_threadsafe(runtime.restore, events)
-
-            runtime.writer = StoreWriter(
-                lambda: _open_store(url),
-                on_open=seed,
-                on_drop=lambda reason, n: runtime.metrics.dropped_events.labels(reason).inc(n),
-            )
-            # Programs of a previous run are restored before the first request is served (the
-            # callbacks above run on this loop before this wait returns); a store that is down
-            # at start is not waited for beyond its own timeouts: its programs come back when
-            # it opens, except those a request has brought back first.
-            await asyncio.to_thread(runtime.writer.first_attempt.wait)
+            await _open_history(runtime, cfg.db_url, cfg.runtime.program_ttl_s)
         if cfg.otlp_endpoint is not None:
             from maitred.middleware.emitter import Emitter
             from maitred.middleware.otlp import OtlpSink
 
             sink = OtlpSink(cfg.otlp_endpoint, annotate=lambda event: span_signals(runtime.state, event, runtime.clock()))
             runtime.exporter, runtime.note_span = Emitter(sink, name="otlp"), sink.note
+        await runtime.start(wait_for_workers_s=cfg.wait_for_workers_s)
+        _log_up(cfg, runtime)
+        if on_ready is not None:
+            on_ready(gateway)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         gateway.loop = asyncio.get_running_loop()
         await proxy.start()
-        await runtime.start(wait_for_workers_s=cfg.wait_for_workers_s)
-        healthy = [url for url, w in runtime.state.workers.items() if w.healthy]
-        down = [url for url in runtime.state.workers if url not in healthy]
-        if not cfg.workers:
-            log.info("maitred: gateway up without workers: telemetry only (model routes answer 503)")
+        lease, keeping = None, None
+        if role is None:
+            await serve_as_holder()
         else:
-            log.info(
-                "maitred: gateway up; policy %s; workers up: %s%s",
-                cfg.runtime.policy,
-                ", ".join(healthy) or "none yet",
-                f"; not answering yet: {', '.join(down)}" if down else "",
-            )
+            lease, keeping = await _contend(cfg, role, serve_as_holder, on_lease_lost or (lambda: None))
         # What start-up made lives as long as the process: out of the collector's sight, a full
         # collection (which a large request's allocations trigger) walks only what came later,
         # instead of holding the interpreter for tens of milliseconds (SGLang freezes it too).
         gc.freeze()
-        if on_ready is not None:
-            on_ready(gateway)
         try:
             yield
         finally:
+            if keeping is not None:
+                keeping.cancel()
+                await asyncio.gather(keeping, return_exceptions=True)
             await runtime.stop()
             await proxy.stop()
             await client.aclose()
@@ -143,6 +139,8 @@ def build_app(
                 await asyncio.to_thread(runtime.writer.close, cfg.drain_timeout_s)
             if runtime.exporter is not None:
                 await asyncio.to_thread(runtime.exporter.shutdown, cfg.drain_timeout_s)
+            if lease is not None:  # last: a standby taking over restores what was just written
+                await asyncio.to_thread(lease.close)
             if on_shutdown is not None:
                 await asyncio.to_thread(on_shutdown)
 
@@ -154,14 +152,66 @@ def build_app(
         openapi_url=None,
         exception_handlers={StarletteHTTPException: routing_error},
     )
-    app.add_middleware(OriginGuard, allowed_hosts=cfg.allowed_hosts)
+    if role is not None:
+        app.add_middleware(StandbyGate, role=role)
+    app.add_middleware(OriginGuard, allowed_hosts=cfg.allowed_hosts)  # outermost: added last
     tokens = cfg.tokens or Tokens.of(cfg.token)
     proxy = Proxy(runtime, cfg.proxy, max_connections=cfg.max_connections, tokens=tokens)
     add_proxy_routes(app, proxy if cfg.workers else None)
-    add_admin_routes(app, runtime, tokens=tokens, max_events_bytes=cfg.max_events_bytes, hook_mapper=hook_mapper)
+    add_admin_routes(app, runtime, tokens=tokens, max_events_bytes=cfg.max_events_bytes, hook_mapper=hook_mapper, shard=role)
     add_otlp_route(app, runtime, tokens=tokens, max_bytes=cfg.max_events_bytes)
-    gateway = Gateway(app, runtime, client, proxy)
+    gateway = Gateway(app, runtime, client, proxy, shard=role)
     return gateway
+
+
+async def _open_history(runtime: LiveDriver, url: str, program_ttl_s: float) -> None:
+    """Start the store writer; the tool statistics and open programs it finds seed the runtime."""
+    loop = asyncio.get_running_loop()
+
+    def seed(store: "SessionStore") -> None:  # in the writer thread; the state is the loop's
+        rows, signatures = store.tool_stats_all(), store.tool_stats_all(by_signature=True)
+        loop.call_soon_threadsafe(runtime.seed, rows, signatures)
+        events = store.open_program_events(time.time() - program_ttl_s)
+        loop.call_soon_threadsafe(runtime.restore, events)
+
+    runtime.writer = StoreWriter(
+        lambda: _open_store(url),
+        on_open=seed,
+        on_drop=lambda reason, n: runtime.metrics.dropped_events.labels(reason).inc(n),
+    )
+    # Programs of a previous run are restored before the first request is served (the
+    # callbacks above run on this loop before this wait returns); a store that is down
+    # at start is not waited for beyond its own timeouts: its programs come back when
+    # it opens, except those a request has brought back first.
+    await asyncio.to_thread(runtime.writer.first_attempt.wait)
+
+
+async def _contend(
+    cfg: ServeConfig, role: ShardRole, serve: Callable[[], Awaitable[None]], on_lost: Callable[[], None]
+) -> tuple[ShardLease, "asyncio.Task[None]"]:
+    """Take the shard's lease if it is free (then serve at once, before the first request) and
+    keep contending for it (or checking it) in the background (``standby.keep_shard``)."""
+    assert cfg.shard is not None and cfg.db_url is not None
+    lease = ShardLease(cfg.db_url, cfg.shard.name, label=cfg.shard.label)
+    if await try_lease(lease, role):
+        await serve()
+        role.hold(lease.label)
+        log.info("maitred: shard %s: holding the lease, serving", cfg.shard.name)
+    return lease, asyncio.create_task(keep_shard(lease, role, serve=serve, on_lost=on_lost))
+
+
+def _log_up(cfg: ServeConfig, runtime: LiveDriver) -> None:
+    healthy = [url for url, w in runtime.state.workers.items() if w.healthy]
+    down = [url for url in runtime.state.workers if url not in healthy]
+    if not cfg.workers:
+        log.info("maitred: gateway up without workers: telemetry only (model routes answer 503)")
+    else:
+        log.info(
+            "maitred: gateway up; policy %s; workers up: %s%s",
+            cfg.runtime.policy,
+            ", ".join(healthy) or "none yet",
+            f"; not answering yet: {', '.join(down)}" if down else "",
+        )
 
 
 def _open_store(url: str) -> "SessionStore":

@@ -28,6 +28,7 @@ from maitred.gateway.guard import ClientGone, HTTPProblem, parse_json_object, re
 from maitred.gateway.loop import LiveDriver
 from maitred.gateway.metrics import CONTENT_TYPE
 from maitred.gateway.offload import INLINE_BYTES, ingest_in_slices, off_loop
+from maitred.gateway.standby import ShardRole
 from maitred.gateway.trust import OPEN, Scope, Tokens
 from maitred.gateway.worker_poll import NoWorkerAvailable
 from maitred.runtime.history import DurationStats
@@ -93,10 +94,17 @@ class _AdminRoutes:
     """The ingest and introspection endpoints of one gateway (one method each)."""
 
     def __init__(
-        self, runtime: LiveDriver, *, max_events_bytes: int, mapper: HookMapper | None, payload_error: type[Exception]
+        self,
+        runtime: LiveDriver,
+        *,
+        max_events_bytes: int,
+        mapper: HookMapper | None,
+        payload_error: type[Exception],
+        shard: ShardRole | None = None,
     ) -> None:
         self.runtime, self.max_events_bytes = runtime, max_events_bytes
         self.mapper, self.payload_error = mapper, payload_error
+        self.shard = shard
 
     async def events(self, request: Request, scope: Scope) -> Response:
         raw = await read_body(request, self.max_events_bytes)
@@ -216,13 +224,18 @@ class _AdminRoutes:
         worker is healthy, when it is shutting down (a balancer should send elsewhere), or when
         events no longer reach the store (the writer stopped, or the store can never be used:
         history is being lost, which a green check would hide). A store that is only down
-        (retrying) stays 200 and says so in ``store``."""
+        (retrying) stays 200 and says so in ``store``. Under ``--shard``, 503 too while this
+        gateway is not its shard's holder (a standby, or a holder that lost the lease), naming
+        the holder in ``lease_holder``."""
         workers = {url: w.healthy for url, w in self.runtime.state.workers.items()}
         telemetry_only = not workers  # started without workers: healthy, serving no model
         writer = self.runtime.writer
         store_problem = writer.problem() if writer is not None else None
+        shard = self.shard
         if self.runtime.shutting_down:
             status, ok = "shutting down: new model requests are refused", False
+        elif shard is not None and not shard.serving:
+            status, ok = shard.status(), False
         elif store_problem is not None:
             status, ok = store_problem, False
         elif telemetry_only:
@@ -243,6 +256,9 @@ class _AdminRoutes:
                 "requests_in_flight": sum(self.runtime.inflight.values()),
                 "requests_held": self.runtime.held_count(),
                 "tasks": len(asyncio.all_tasks()),
+                "shard": shard.cfg.name if shard is not None else None,
+                "role": shard.role if shard is not None else None,
+                "lease_holder": shard.holder if shard is not None else None,
             },
             200 if ok else 503,
         )
@@ -271,9 +287,10 @@ def add_admin_routes(
     tokens: Tokens = OPEN,
     max_events_bytes: int,
     hook_mapper: tuple[HookMapper | None, type[Exception]] | None = None,
+    shard: ShardRole | None = None,
 ) -> None:
     mapper, payload_error = hook_mapper if hook_mapper is not None else claude_code_mapper()
-    r = _AdminRoutes(runtime, max_events_bytes=max_events_bytes, mapper=mapper, payload_error=payload_error)
+    r = _AdminRoutes(runtime, max_events_bytes=max_events_bytes, mapper=mapper, payload_error=payload_error, shard=shard)
     for path, handler, method in (
         ("/v1/events", r.events, "POST"),
         ("/v1/hooks/claude-code", r.claude_code, "POST"),

@@ -138,6 +138,22 @@ class Metrics:
         self.duplicate_events = Counter(
             "maitred_duplicate_events_total", "Events received again (a re-sent batch) and counted once", registry=r
         )
+        # ``shard`` is the one ``--shard`` name of this process: a bounded label.
+        self.shard_role = Gauge(
+            "maitred_shard_role",
+            "1 for this gateway's role in its shard (holder: serves; standby: waits for the lease; "
+            "lost: the held lease failed, exiting), 0 for the others; absent without --shard",
+            ["shard", "role"],
+            registry=r,
+        )
+        self.takeover = Gauge(
+            "maitred_takeover_seconds",
+            "The last takeover by this gateway, from the standby winning the shard's lease to serving as its "
+            "holder (store opened and its programs restored, workers read, scheduler started); the lease is "
+            "won at most --lease-poll after the previous holder's session ended",
+            ["shard"],
+            registry=r,
+        )
         # Label values known in advance start at 0, so the first increment shows in ``rate()``
         # and a dashboard finds the series before anything happened.
         for tier in Tier:

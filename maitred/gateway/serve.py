@@ -9,6 +9,7 @@ Every bad flag value is refused by argparse with the flag named, or by ``run`` w
 import argparse
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -25,6 +26,7 @@ from maitred.runtime.records import SignalConfig
 if TYPE_CHECKING:
     from maitred.gateway.app import ServeConfig
     from maitred.gateway.sglang.launch import SGLangLaunch
+    from maitred.gateway.standby import ShardConfig
 
 #: The names of ``maitred.runtime.policies.POLICIES`` (kept here so ``--help`` needs no import;
 #: a test checks the two agree).
@@ -36,6 +38,9 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 SHUTDOWN_TIMEOUT_S = 15.0
 DRAIN_TIMEOUT_S = 10.0
 _MEGABYTES = positive("number of megabytes")
+_SHARD = re.compile(r"[A-Za-z0-9._-]{1,32}")
+#: ``--lease-poll``'s default (``maitred.gateway.standby.LEASE_POLL_S``; a test checks the two agree).
+LEASE_POLL_S = 0.5
 #: Every flag also as ``MAITRED_<FLAG>`` and as a key of ``--config FILE`` (``maitred.config_file``).
 CONFIG = ConfigSpec("serve", "MAITRED_", secret=frozenset({"token"}))
 
@@ -49,6 +54,13 @@ def _worker_url(text: str) -> str:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} has a bad port") from None
     return text.rstrip("/")
+
+
+def _shard_name(text: str) -> str:
+    """``--shard``'s type: short and plain, as it goes into the lease key and the holder's name."""
+    if not _SHARD.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a shard name: 1 to 32 letters, digits, '.', '_' or '-'")
+    return text
 
 
 def _megabytes(text: str) -> int:
@@ -288,6 +300,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="tools given a label of their own in maitred_tool_duration_seconds, the N most called; the rest "
         f'are counted under tool="other" so clients cannot grow /metrics without bound (default: {MAX_TOOLS})',
     )
+    parser.add_argument(
+        "--shard",
+        type=_shard_name,
+        default=None,
+        metavar="NAME",
+        help="serve only while holding shard NAME's lease in the PostgreSQL --db: of the gateways started "
+        "with the same NAME, store and workers one serves and the others stand by (/healthz 503) to take over",
+    )
+    parser.add_argument(
+        "--lease-poll",
+        type=seconds,
+        default=None,
+        metavar="SECONDS",
+        help="with --shard: how often a standby tries the lease and the holder checks it; the longest a "
+        f"takeover waits after the holder died (default: {LEASE_POLL_S:g} s)",
+    )
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     parser.add_argument(
         "--launch-sglang",
@@ -326,6 +354,7 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
     elif args.db and sources.get("db", "--db") == "--db":  # over a database from $MAITRED_DB or a file, --no-db wins
         raise _Refused("--no-db: cannot be combined with --db")
     otlp = _otlp_endpoint(args.otlp_endpoint, sources.get("otlp_endpoint", "--otlp-endpoint"))
+    shard = _shard(args, db, sources)
     sizing = {
         name: value
         for name, value in (("busy_margin", args.busy_margin), ("overcommit_headroom", args.overcommit_headroom))
@@ -363,7 +392,41 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
         drain_timeout_s=args.drain_timeout,
         metrics_max_tools=args.metrics_max_tools,
         otlp_endpoint=otlp,
+        shard=shard,
     )
+
+
+def _shard(args: argparse.Namespace, db: str | None, sources: dict[str, str]) -> "ShardConfig | None":
+    """``--shard`` and ``--lease-poll``: a lease needs a PostgreSQL store to be kept in.
+    ``sources``: where each setting came from, to name it in a refusal."""
+    from maitred.gateway.lease import lease_label
+    from maitred.gateway.standby import ShardConfig
+
+    if args.shard is None:
+        if args.lease_poll is not None:
+            where = sources.get("lease_poll", "--lease-poll")
+            raise _Refused(f"{where}: only with --shard (a gateway without a shard holds no lease)")
+        return None
+    shard = sources.get("shard", "--shard")
+    if db is None:
+        raise _Refused(f"{shard}: needs a PostgreSQL store to keep the lease in: --db postgresql://..., not --no-db")
+    from sqlalchemy.engine import make_url
+
+    from maitred.storage.engine import normalize_db_url
+    from maitred.storage.errors import StoreError
+
+    try:
+        backend = make_url(normalize_db_url(db)).get_backend_name()
+    except StoreError as exc:
+        raise _Refused(f"--db: {exc}") from None
+    if backend != "postgresql":
+        given = sources.get("db", "--db" if args.db else "the default --db")
+        raise _Refused(
+            f"{shard}: needs a PostgreSQL --db to keep the lease in (--db postgresql://USER@HOST/DB), "
+            f"not {backend} ({given}: {db})"
+        )
+    label = lease_label(args.shard, args.host, args.port)
+    return ShardConfig(args.shard, label, args.lease_poll if args.lease_poll is not None else LEASE_POLL_S)
 
 
 def _otlp_url(text: str) -> str:
@@ -457,7 +520,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         if children is not None:
             children.start()
-        gateway = build_app(cfg, on_shutdown=children.stop if children is not None else None)
+        gateway = build_app(
+            cfg,
+            on_shutdown=children.stop if children is not None else None,
+            on_lease_lost=lambda: server.exit_now(),
+        )
         config = uvicorn.Config(
             gateway.app,
             host=args.host,
@@ -474,6 +541,9 @@ def run(args: argparse.Namespace) -> int:
         server.run()
         if not server.started:
             return 1  # the app could not start (uvicorn logged why)
+        if gateway.shard is not None and gateway.shard.lost is not None:
+            print(f"maitred serve: error: --shard {gateway.shard.cfg.name}: lease lost: {gateway.shard.lost}", file=sys.stderr)
+            return 1
     except (TimeoutError, RuntimeError) as exc:
         print(f"maitred serve: error: {exc}", file=sys.stderr)
         return 1

@@ -24,6 +24,12 @@ class DrainingServer(uvicorn.Server):
         self.proxy = proxy
         self.shutdown_timeout_s = shutdown_timeout_s
 
+    def exit_now(self) -> None:
+        """Stop without waiting for the requests in flight: each is ended with its error at once
+        (a holder that lost its shard's lease must not go on serving beside the new one)."""
+        self.shutdown_timeout_s = 0.0
+        self.should_exit = True
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await self.proxy.drain(self.shutdown_timeout_s, forced=lambda: self.force_exit)
         await super().shutdown(sockets)
