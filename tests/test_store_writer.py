@@ -33,3 +33,31 @@ def test_a_silent_server_while_seeding_is_one_warning_and_events_are_still_writt
     assert len(seeding) == 1 and seeding[0].levelno == logging.WARNING and seeding[0].exc_info is None
     assert "no answer within 30 s" in seeding[0].getMessage()
     assert [e["program_id"] for e in SessionStore(url).events("p")] == ["p"]
+
+
+def test_events_queued_before_a_mark_are_written_once_asked_to_write_soon(tmp_path: Path) -> None:
+    """What a holder under ``--shard`` waits on before answering: ``write_soon`` does not wait for
+    the writer's idle wait (an hour here), and the events are readable once ``written`` says so."""
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    writer = StoreWriter(lambda: SessionStore(url), interval_s=3600)
+    try:
+        assert writer.first_attempt.wait(10)
+        writer.submit([ToolStart(ts=1.0, program_id="p", call_id=f"c{i}", tool="Bash") for i in range(3)])
+        mark = writer.mark()
+        writer.write_soon()
+        assert wait_until(lambda: writer.written(mark), timeout=30)
+        assert len(SessionStore(url).events("p")) == 3
+    finally:
+        writer.close()
+
+
+def test_events_dropped_on_submit_are_counted_lost_and_never_waited_for(tmp_path: Path) -> None:
+    writer = StoreWriter(lambda: SessionStore(f"sqlite:///{tmp_path / 'm.db'}"), capacity=1, interval_s=3600)
+    try:
+        assert writer.first_attempt.wait(10)
+        writer.submit([ToolStart(ts=1.0, program_id="p", call_id=f"c{i}", tool="Bash") for i in range(3)])
+        assert writer.lost() == 2 and not writer.stopped
+    finally:
+        writer.close()
+    writer.submit([ToolStart(ts=1.0, program_id="p", call_id="late", tool="Bash")])
+    assert writer.lost() == 3 and writer.stopped

@@ -94,7 +94,7 @@ def build_app(
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=16, keepalive_expiry=2.0)
     client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(30.0, connect=5.0))
     backends = {url.rstrip("/"): SGLangClient(url.rstrip("/"), client) for url in cfg.workers}
-    runtime = LiveDriver(backends, cfg.runtime, Metrics(cfg.metrics_max_tools))
+    runtime = LiveDriver(backends, cfg.runtime, Metrics(cfg.metrics_max_tools), answer_when_stored=cfg.shard is not None)
     role = ShardRole(cfg.shard, runtime.metrics) if cfg.shard is not None else None
 
     async def serve_as_holder() -> None:

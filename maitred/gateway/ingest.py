@@ -24,8 +24,8 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 
 from maitred.events import Batch, Event, EventError, LLMStart, Rejected, decode_event, loads_batch
-from maitred.gateway.guard import ClientGone, HTTPProblem, parse_json_object, read_body
-from maitred.gateway.loop import LiveDriver
+from maitred.gateway.guard import ClientGone, HTTPProblem, error_response, parse_json_object, read_body
+from maitred.gateway.loop import STORED_WAIT_S, LiveDriver
 from maitred.gateway.metrics import CONTENT_TYPE
 from maitred.gateway.offload import INLINE_BYTES, ingest_in_slices, off_loop
 from maitred.gateway.standby import ShardRole
@@ -121,8 +121,34 @@ class _AdminRoutes:
             return _json(
                 {"accepted": 0, "rejected": rejected, "error": {"message": message, "type": "invalid_request_error"}}, 400
             )
+        lost = self._lost()
         duplicates = await ingest_in_slices(self.runtime, batch.events)
+        not_stored = await self._not_stored(lost)
+        if not_stored is not None:
+            return not_stored
         return _json({"accepted": len(batch.events), "duplicates": duplicates, "rejected": rejected})
+
+    def _lost(self) -> int:
+        """Events the store writer lost so far (``_not_stored``'s argument); 0 without one."""
+        writer = self.runtime.writer
+        return 0 if writer is None else writer.lost()
+
+    async def _not_stored(self, lost_before: int) -> Response | None:
+        """Under ``--shard``, None once the events taken are where the standby would find them
+        (``LiveDriver.stored``) and the store writer lost none since ``lost_before``; else the
+        503 (with ``Retry-After``) to answer, and the client sends the batch again (the store
+        keeps each event once)."""
+        writer = self.runtime.writer
+        if not self.runtime.answer_when_stored or writer is None:
+            return None
+        if not await self.runtime.stored():
+            why = writer.problem() or writer.unavailable or f"not written within {STORED_WAIT_S:g} s"
+        elif writer.lost() != lost_before:
+            why = "the store writer dropped events meanwhile"
+        else:
+            return None
+        message = f"events taken but not yet in the store ({why}): send them again"
+        return error_response(503, message, kind="service_unavailable", headers={"retry-after": "1"})
 
     async def claude_code(self, request: Request, scope: Scope) -> Response:
         """Claude Code reads an http hook's 2xx body as hook output (for SessionStart and
@@ -141,7 +167,11 @@ class _AdminRoutes:
             if outside is not None:
                 raise scope.refuse(getattr(e, outside), outside)
         if mapped:
+            lost = self._lost()
             self.runtime.ingest(mapped)
+            not_stored = await self._not_stored(lost)
+            if not_stored is not None:
+                return not_stored
         return _hook_answer(200, accepted=len(mapped), mapped=True)
 
     async def admit(self, request: Request, scope: Scope) -> Response:

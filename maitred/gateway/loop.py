@@ -60,6 +60,12 @@ class Admission:
     forced: bool = False
 
 
+#: Under ``--shard``, how long an answer waits for its history to reach the store, and how often
+#: it looks (``LiveDriver.stored``).
+STORED_WAIT_S = 10.0
+STORED_POLL_S = 0.005
+
+
 @dataclass(slots=True)
 class _Held:
     future: "asyncio.Future[str]"
@@ -72,6 +78,8 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
     cfg: LiveConfig = field(default_factory=LiveConfig)
     metrics: Metrics = field(default_factory=Metrics)
     writer: StoreWriter | None = None
+    #: Under ``--shard``: answers wait for their history to reach the store (``stored``).
+    answer_when_stored: bool = False
     #: ``maitred serve --otlp-endpoint``: what goes to the store is also exported, from this
     #: emitter's thread (``emit`` only appends to its queue).
     exporter: "Emitter | None" = None
@@ -307,6 +315,23 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
         self.core.observe(event)
         if store:
             self._record([event])
+
+    async def stored(self, timeout_s: float = STORED_WAIT_S) -> bool:
+        """Under ``--shard`` (``answer_when_stored``), wait until every event recorded so far is
+        in the store: the standby that takes over after a crash restores from there, so what the
+        holder answered for must be in it. True at once otherwise; False when not written
+        within ``timeout_s``, or never to be."""
+        writer = self.writer
+        if not self.answer_when_stored or writer is None:
+            return True
+        mark = writer.mark()
+        writer.write_soon()
+        deadline = time.monotonic() + timeout_s
+        while not writer.written(mark):
+            if writer.stopped or time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(STORED_POLL_S)
+        return True
 
     def _record(self, events: list[Event]) -> None:
         """Events for history: the store writer, and the OTLP export beside it; neither waits."""

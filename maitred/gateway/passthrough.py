@@ -66,6 +66,13 @@ class Piped:
             self.proxy._finish(self.call, self.worker, self.scanner.settle(), self.ttft, ok=self.ok)
             self.proxy.runtime.metrics.requests.labels(self.call.endpoint, "ok" if self.ok else "broken_stream").inc()
 
+    async def _record_stored(self) -> None:
+        """``record``, and under ``--shard`` wait until the record is in the store before the
+        client sees the end (``LiveDriver.stored``)."""
+        if not self.recorded:
+            self.record()
+            await self.proxy.runtime.stored()
+
     async def relay(self, first: bytes, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         scanner = self.scanner
         try:
@@ -76,10 +83,10 @@ class Piped:
                 out = scanner.feed(chunk)
                 if out:
                     if self.end in out:
-                        self.record()
+                        await self._record_stored()
                     yield out
             rest = scanner.finish()
-            self.record()
+            await self._record_stored()
             if rest:
                 yield rest
         except GatewayStopping as exc:

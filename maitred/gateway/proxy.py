@@ -318,6 +318,7 @@ class Proxy:
             if not ok:
                 runtime.forget_prompt(call.program_id)  # refused: not a prompt the worker holds
             runtime.metrics.requests.labels(call.endpoint, "ok" if ok else f"worker_{status}").inc()
+            await runtime.stored()  # under --shard: its record where a standby would find it
             return Response(payload, status_code=status, media_type=media_type)
         runtime.metrics.requests.labels(call.endpoint, "failed").inc()
         return error_response(

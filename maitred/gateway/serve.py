@@ -316,6 +316,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --shard: how often a standby tries the lease and the holder checks it; the longest a "
         f"takeover waits after the holder died (default: {LEASE_POLL_S:g} s)",
     )
+    parser.add_argument(
+        "--standby-hold",
+        type=seconds,
+        default=None,
+        metavar="SECONDS",
+        help="with --shard: a standby holds each model and event request while its next two tries of "
+        "the lease tell whether the holder is gone, and serves it once it took over, at most SECONDS, "
+        "instead of answering 503 at once: a balancer retrying a dead holder's requests there has them "
+        "served after the takeover (default: 0, answer 503 at once)",
+    )
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     parser.add_argument(
         "--launch-sglang",
@@ -397,15 +407,15 @@ def _config(args: argparse.Namespace, workers: Sequence[str]) -> "ServeConfig":
 
 
 def _shard(args: argparse.Namespace, db: str | None, sources: dict[str, str]) -> "ShardConfig | None":
-    """``--shard`` and ``--lease-poll``: a lease needs a PostgreSQL store to be kept in.
+    """``--shard``, ``--lease-poll`` and ``--standby-hold``: a lease needs a PostgreSQL store to be kept in.
     ``sources``: where each setting came from, to name it in a refusal."""
     from maitred.gateway.lease import lease_label
     from maitred.gateway.standby import ShardConfig
 
     if args.shard is None:
-        if args.lease_poll is not None:
-            where = sources.get("lease_poll", "--lease-poll")
-            raise _Refused(f"{where}: only with --shard (a gateway without a shard holds no lease)")
+        for name, flag in (("lease_poll", "--lease-poll"), ("standby_hold", "--standby-hold")):
+            if getattr(args, name) is not None:
+                raise _Refused(f"{sources.get(name, flag)}: only with --shard (a gateway without a shard holds no lease)")
         return None
     shard = sources.get("shard", "--shard")
     if db is None:
@@ -426,7 +436,8 @@ def _shard(args: argparse.Namespace, db: str | None, sources: dict[str, str]) ->
             f"not {backend} ({given}: {db})"
         )
     label = lease_label(args.shard, args.host, args.port)
-    return ShardConfig(args.shard, label, args.lease_poll if args.lease_poll is not None else LEASE_POLL_S)
+    poll_s = args.lease_poll if args.lease_poll is not None else LEASE_POLL_S
+    return ShardConfig(args.shard, label, poll_s, hold_s=args.standby_hold or 0.0)
 
 
 def _otlp_url(text: str) -> str:

@@ -2,6 +2,11 @@
 workers and store, the one holding the shard's lease (``maitred.gateway.lease``) serves and the
 others wait, ready to take over.
 
+With ``--standby-hold SECONDS`` a standby holds those requests while its next tries of the lease
+tell whether the holder is gone, and serves them once it took over, at most SECONDS
+(``StandbyGate``): the requests a balancer retries there while the holder just died are answered
+after the takeover rather than refused.
+
 A standby runs nothing that acts on the shared workers or the store (no scheduler, worker
 polls, warmups or store writer: the holder's would be doubled): ``/healthz`` answers 503 naming
 the holder, so a balancer sends it nothing, and every route under ``/v1`` (and ``/generate``)
@@ -33,6 +38,8 @@ log = logging.getLogger("maitred.service")
 
 #: ``--lease-poll``'s default: how often a standby tries the lease and a holder checks it.
 LEASE_POLL_S = 0.5
+#: How often a request held by a standby (``--standby-hold``) looks whether it serves now.
+HOLD_POLL_S = 0.01
 HOLDER, STANDBY, LOST = "holder", "standby", "lost"
 ROLES = (HOLDER, STANDBY, LOST)
 
@@ -42,6 +49,7 @@ class ShardConfig:
     name: str  # ``--shard``
     label: str  # the lease session's ``application_name`` (``lease.lease_label``)
     poll_s: float = LEASE_POLL_S  # ``--lease-poll``
+    hold_s: float = 0.0  # ``--standby-hold``: how long a standby holds a request for the lease
 
 
 class ShardRole:
@@ -55,6 +63,8 @@ class ShardRole:
         self.holder: str | None = None  # the holder's ``application_name`` (None: nobody, or unknown)
         self.lost: str | None = None  # why the lease was lost
         self.unreachable: str | None = None  # why the last try could not ask the database
+        self.tries = 0  # tries of the lease finished so far (``StandbyGate`` counts them)
+        self.won = False  # the lease was won: starting as the holder
         self.role = STANDBY
         self._set(STANDBY)
 
@@ -102,7 +112,8 @@ class StandbyGate:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] != "http" or self.role.serving or not (path.startswith("/v1/") or path in ENDPOINTS):
+        gated = scope["type"] == "http" and (path.startswith("/v1/") or path in ENDPOINTS)
+        if not gated or self.role.serving or await self._held():
             await self.app(scope, receive, send)
             return
         route = ENDPOINTS.get(path)
@@ -115,12 +126,26 @@ class StandbyGate:
         )
         await response(scope, receive, send)
 
+    async def _held(self) -> bool:
+        """Under ``--standby-hold``: whether this standby serves the request after holding it.
+        A balancer sends a standby requests when the holder just failed them: the standby holds
+        each until a try of the lease that began after it came has told (two tries: one may be
+        under way), and then for as long as it takes over, at most ``hold_s`` in all. The
+        request is served after the takeover; with the holder alive it is refused within two
+        ``--lease-poll``, so a balancer that sends one here before its first check loses little."""
+        role = self.role
+        deadline = time.monotonic() + role.cfg.hold_s
+        told = role.tries + 2
+        while role.role == STANDBY and (role.won or role.tries < told) and time.monotonic() < deadline:
+            await asyncio.sleep(HOLD_POLL_S)
+        return role.serving
+
 
 async def try_lease(lease: ShardLease, role: ShardRole) -> bool:
     """One try of the lease; while it is held elsewhere, ``role.holder`` names the holder."""
     try:
         if await asyncio.to_thread(lease.try_acquire):
-            role.unreachable = None
+            role.unreachable, role.won = None, True
             return True
         role.holder = await asyncio.to_thread(lease.holder)
         role.unreachable = None
@@ -133,6 +158,8 @@ async def try_lease(lease: ShardLease, role: ShardRole) -> bool:
                 exc_info=not isinstance(exc, LeaseUnavailable),
             )
         role.holder, role.unreachable = None, str(exc)
+    finally:
+        role.tries += 1
     return False
 
 

@@ -14,6 +14,11 @@ turns so later. A thread that dies of anything unforeseen says so the same way: 
 names it (``/healthz`` answers 503 with it, ``maitred_store_writer_up`` reads 0), and every
 event queued or submitted after is counted dropped (``writer_stopped``), never silently lost.
 
+``written(mark)`` tells whether every event queued before ``mark()`` was written (or refused for
+its content), and ``lost()`` counts the events dropped otherwise: a holder under ``--shard``
+answers only once what it recorded is written (``LiveDriver.stored``), so the standby that takes
+over after a crash finds in the store every event and model call the holder answered for.
+
 At shutdown ``close(timeout)`` is a bounded drain (``maitred serve --drain-timeout``): what is
 queued gets ``timeout`` seconds to reach the store, retried as usual while it is down; what is
 left then — the store still down, or a write still hanging — is counted and logged in one
@@ -60,6 +65,8 @@ class StoreWriter:
         #: set once the first attempt to open the store is over (opened, hopeless or unavailable)
         self.first_attempt = threading.Event()
         self._in_flight = 0  # events of the batch being written
+        self._queued = 0  # events ever queued, in order: ``mark``
+        self._finished = 0  # of those, how many were written, refused, or dropped on a store error
         self._queue: deque[Event] = deque()
         self._cond = threading.Condition()
         self._closing = False
@@ -80,6 +87,7 @@ class StoreWriter:
                 self._drop("queue_full", len(events) - max(room, 0))
                 events = events[: max(room, 0)]
             self._queue.extend(events)
+            self._queued += len(events)
             if len(self._queue) >= self.batch:
                 self._cond.notify()
 
@@ -109,6 +117,31 @@ class StoreWriter:
                     return False
                 self._cond.wait(min(left, 0.05))
         return True
+
+    def mark(self) -> int:
+        """How many events were ever queued: ``wait_written``'s argument for all of them."""
+        with self._cond:
+            return self._queued
+
+    def lost(self) -> int:
+        """Events dropped without reaching the store (all drops but those it refused for their content)."""
+        with self._cond:
+            return self.dropped - self.dropped_by_reason["rejected"]
+
+    def written(self, mark: int) -> bool:
+        """Whether the first ``mark`` events queued were written (or refused for their content,
+        or dropped and counted on a store error)."""
+        return self._finished >= mark
+
+    @property
+    def stopped(self) -> bool:
+        """Nothing queued will be written any more (closed, stopped, or the store is unusable)."""
+        return self._closed_for_good
+
+    def write_soon(self) -> None:
+        """Write what is queued now rather than at the end of the idle wait (``interval_s``)."""
+        with self._cond:
+            self._cond.notify()
 
     def close(self, timeout: float = 10.0) -> int:
         """Drain: write what is queued within ``timeout`` (retrying while the store is down),
@@ -245,6 +278,7 @@ class StoreWriter:
                 for r in result.rejected[:5]:
                     log.warning("maitred: store refused a %s event: %s", r.type, r.reason)
             with self._cond:
+                self._finished += len(batch)
                 self._busy = False
                 self._in_flight = 0
                 self._cond.notify_all()

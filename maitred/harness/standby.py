@@ -52,9 +52,12 @@ class ShardPair:
         *,
         shard: str = "s1",
         lease_poll_s: float = 0.5,
+        standby_hold_s: float | None = None,
         timeout_s: float = 60.0,
     ) -> None:
         self.args = ["--db", db_url, "--shard", shard, "--lease-poll", str(lease_poll_s), "--tick", "0.2"]
+        if standby_hold_s is not None:
+            self.args += ["--standby-hold", str(standby_hold_s)]
         self.args += [a for w in workers for a in ("--worker", w)]
         self.log_dir, self.timeout_s = log_dir, timeout_s
         self.started: list[ShardGateway] = []

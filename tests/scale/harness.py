@@ -19,16 +19,21 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 from maitred.harness.background import free_port, wait_http
+from maitred.harness.standby import ShardPair
 from maitred.storage import SessionStore
 from maitred.storage.queries import ProgramSummary
 from tests.helpers import wait_until
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BALANCERS = ("haproxy", "nginx")
+#: ``maitred serve --standby-hold`` of the gateways behind ``examples/haproxy-standby.cfg``, as
+#: docs/scale.md starts them.
+STANDBY_HOLD_S = 10.0
 #: Where Debian puts both binaries; not on a non-root user's PATH.
 SBIN = ("/usr/sbin", "/usr/local/sbin")
 
@@ -80,6 +85,15 @@ def maitred_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "maitred", *args]
 
 
+def stored_programs(db_url: str) -> dict[str, ProgramSummary]:
+    """What the store at ``db_url`` holds, by program: what ``maitred programs --db`` lists."""
+    store = SessionStore(db_url)
+    try:
+        return {p.program_id: p for p in store.programs(limit=100_000)}
+    finally:
+        store.close()
+
+
 @dataclass
 class Shard:
     """One ``maitred serve`` and its own workers and store."""
@@ -95,18 +109,27 @@ class Shard:
         return f"http://127.0.0.1:{self.port}"
 
     def programs(self) -> dict[str, ProgramSummary]:
-        """What this shard's store holds, by program: what ``maitred programs --db`` lists."""
-        store = SessionStore(self.db_url)
-        try:
-            return {p.program_id: p for p in store.programs(limit=100_000)}
-        finally:
-            store.close()
+        return stored_programs(self.db_url)
 
 
-def start_shards(
+@dataclass
+class PairedShard:
+    """A shard served by a holder and a standby (``maitred serve --shard NAME``) on its own
+    workers and its own PostgreSQL schema."""
+
+    name: str
+    db_url: str
+    pair: ShardPair
+    workers: list[Process]
+
+    def programs(self) -> dict[str, ProgramSummary]:
+        return stored_programs(self.db_url)
+
+
+def start_workers(
     count: int, root: Path, stack: ExitStack, *, workers_per_shard: int = 2, time_scale: float = 50.0
-) -> list[Shard]:
-    """``count`` shards, started together (the workers first: a gateway waits for them);
+) -> list[tuple[list[int], list[Process]]]:
+    """Each shard's workers, started together and answering: their ports and processes, by shard;
     ``time_scale``: how much faster than a GPU the simulated workers answer."""
     plans = []
     for i in range(1, count + 1):
@@ -118,12 +141,17 @@ def start_shards(
             worker = Process(argv, root / f"shard{i}-worker{j}.log")
             stack.callback(worker.stop)
             workers.append(worker)
-        plans.append((i, ports, workers))
-    for _, ports, workers in plans:
+        plans.append((ports, workers))
+    for ports, workers in plans:
         for port, worker in zip(ports, workers):
             wait_http(f"http://127.0.0.1:{port}/health", timeout_s=120, process=worker.proc)
+    return plans
+
+
+def start_shards(count: int, root: Path, stack: ExitStack, *, time_scale: float = 50.0) -> list[Shard]:
+    """``count`` shards, started together (the workers first: a gateway waits for them)."""
     shards = []
-    for i, ports, workers in plans:
+    for i, (ports, workers) in enumerate(start_workers(count, root, stack, time_scale=time_scale), 1):
         port = free_port()
         db_url = f"sqlite:///{root / f'shard{i}.db'}"
         argv = maitred_command("serve", "--port", str(port), "--db", db_url, "--tick", "0.2", "--log-level", "warning")
@@ -134,6 +162,23 @@ def start_shards(
         shards.append(Shard(f"shard{i}", port, db_url, gateway, workers))
     for shard in shards:
         wait_http(shard.url + "/healthz", timeout_s=120, process=shard.gateway.proc)
+    return shards
+
+
+def start_paired_shards(
+    count: int, schema_url: Callable[[], str], root: Path, stack: ExitStack, *, time_scale: float = 50.0
+) -> list[PairedShard]:
+    """``count`` shards of a holder and a standby each, every shard on a fresh schema from
+    ``schema_url`` (``tests.helpers.throwaway_schemas``), once one of its gateways holds the lease."""
+    shards = []
+    for i, (ports, workers) in enumerate(start_workers(count, root, stack, time_scale=time_scale), 1):
+        name, db_url = f"shard{i}", schema_url()
+        (root / name).mkdir()
+        workers_urls = [f"http://127.0.0.1:{p}" for p in ports]
+        pair = ShardPair(db_url, workers_urls, root / name, shard=name, standby_hold_s=STANDBY_HOLD_S)
+        stack.enter_context(pair)
+        pair.holder()
+        shards.append(PairedShard(name, db_url, pair, workers))
     return shards
 
 
@@ -161,6 +206,36 @@ def render_haproxy(text: str, port: int, shard_ports: Sequence[int]) -> str:
         return "\n".join(f"{m[1]}server shard{i} 127.0.0.1:{p}{m[2]}" for i, p in enumerate(shard_ports, 1))
 
     return _substitute(text, r"^([ \t]*)server shard\d+ 127\.0\.0\.1:\d+(.*)$", servers, "server")
+
+
+def render_haproxy_standby(text: str, port: int, entry_ports: Sequence[int], gateway_ports: Sequence[Sequence[int]]) -> str:
+    """``examples/haproxy-standby.cfg`` listening on ``port``: one ``server`` line per shard, to
+    the shard's ``listen`` section on its port of ``entry_ports``, and one such section per shard,
+    a copy of the first with its gateways on ``gateway_ports`` (each address of the shipped
+    section's ``server`` lines, in the order they first appear, is one gateway)."""
+    text = _substitute(text, r"^([ \t]*)bind 127\.0\.0\.1:8000$", lambda m: f"{m[1]}bind 127.0.0.1:{port}", "bind")
+
+    def entries(m: re.Match[str]) -> str:
+        return "\n".join(f"{m[1]}server shard{i} 127.0.0.1:{p}{m[2]}" for i, p in enumerate(entry_ports, 1))
+
+    text = _substitute(text, r"^([ \t]*)server shard\d+ 127\.0\.0\.1:\d+(.*)$", entries, "server shardN")
+    server = r"^([ \t]*server \S+ 127\.0\.0\.1:)(\d+)"
+
+    def sections(m: re.Match[str]) -> str:
+        shipped = list(dict.fromkeys(s[2] for s in re.finditer(server, m[0], flags=re.MULTILINE)))
+        if not shipped:
+            raise ValueError("the shipped config's first listen section has no server line: update the harness with it")
+        out = []
+        for i, (entry, ports) in enumerate(zip(entry_ports, gateway_ports), 1):
+            if len(ports) != len(shipped):
+                raise ValueError(f"shard{i}: {len(ports)} gateways, the shipped section has {len(shipped)}")
+            to = dict(zip(shipped, map(str, ports)))
+            section = re.sub(r"^listen shard\d+", f"listen shard{i}", m[0])
+            section = re.sub(r"^([ \t]*bind 127\.0\.0\.1:)\d+$", rf"\g<1>{entry}", section, flags=re.MULTILINE)
+            out.append(re.sub(server, lambda s, to=to: s[1] + to[s[2]], section, flags=re.MULTILINE))
+        return "\n".join(out)
+
+    return _substitute(text, r"^listen shard\d+\b.*\n(?:[ \t]+\S.*\n)*", sections, "listen shardN")
 
 
 def render_nginx(text: str, port: int, shard_ports: Sequence[int]) -> str:
@@ -205,15 +280,30 @@ def start_balancer(kind: str, shards: Sequence[Shard], root: Path, stack: ExitSt
     if kind == "haproxy":
         config = folder / "haproxy.cfg"
         config.write_text(render_haproxy((EXAMPLES / "haproxy.cfg").read_text(), port, shard_ports))
-        argv = [binary, "-f", str(config), "-db"]
-    else:
-        config = folder / "nginx.conf"
-        config.write_text(render_nginx((EXAMPLES / "nginx.conf").read_text(), port, shard_ports))
-        argv = [binary, "-p", str(folder), "-c", str(config), "-e", "stderr"]
-        if os.geteuid() == 0:
-            # Started by root (a CI container), nginx's workers would switch to nobody, who
-            # cannot reach the temporary folders under the test's private folder.
-            argv += ["-g", "user root;"]
+        return _run_balancer(kind, [binary, "-f", str(config), "-db"], port, root, stack)
+    config = folder / "nginx.conf"
+    config.write_text(render_nginx((EXAMPLES / "nginx.conf").read_text(), port, shard_ports))
+    argv = [binary, "-p", str(folder), "-c", str(config), "-e", "stderr"]
+    if os.geteuid() == 0:
+        # Started by root (a CI container), nginx's workers would switch to nobody, who
+        # cannot reach the temporary folders under the test's private folder.
+        argv += ["-g", "user root;"]
+    return _run_balancer(kind, argv, port, root, stack)
+
+
+def start_haproxy_standby(shards: Sequence[PairedShard], root: Path, stack: ExitStack) -> Balancer:
+    """``examples/haproxy-standby.cfg`` for these shards, run in the foreground until the end."""
+    binary = require_balancer("haproxy")
+    port = free_port()
+    gateway_ports = [[urlsplit(g.url).port or 0 for g in s.pair.started] for s in shards]
+    config = root / "haproxy-standby.cfg"
+    text = (EXAMPLES / "haproxy-standby.cfg").read_text()
+    config.write_text(render_haproxy_standby(text, port, [free_port() for _ in shards], gateway_ports))
+    return _run_balancer("haproxy", [binary, "-f", str(config), "-db"], port, root, stack)
+
+
+def _run_balancer(kind: str, argv: list[str], port: int, root: Path, stack: ExitStack) -> Balancer:
+    """``argv`` in the foreground until the end, once it answers ``/healthz`` on ``port``."""
     process = Process(argv, root / f"{kind}.log")
     stack.callback(process.stop)
     balancer = Balancer(kind, port, process)
@@ -226,7 +316,7 @@ class Sharded:
     """Shards and the balancer in front of them."""
 
     balancer: Balancer
-    shards: list[Shard]
+    shards: Sequence[Shard | PairedShard]
 
     def placement(self) -> dict[str, dict[str, tuple[int, int]]]:
         """Each program's ``(tool_calls, llm_calls)`` in the store of every shard that has it."""
@@ -241,3 +331,12 @@ def start_sharded(kind: str, count: int, root: Path, stack: ExitStack, *, time_s
     """``count`` shards of two workers each behind the shipped config of ``kind``."""
     shards = start_shards(count, root, stack, time_scale=time_scale)
     return Sharded(start_balancer(kind, shards, root, stack), shards)
+
+
+def start_paired_sharded(
+    count: int, schema_url: Callable[[], str], root: Path, stack: ExitStack, *, time_scale: float = 50.0
+) -> Sharded:
+    """``count`` shards of two workers and a holder and a standby each (``start_paired_shards``)
+    behind ``examples/haproxy-standby.cfg``."""
+    shards = start_paired_shards(count, schema_url, root, stack, time_scale=time_scale)
+    return Sharded(start_haproxy_standby(shards, root, stack), shards)

@@ -100,6 +100,7 @@ def test_a_holder_whose_session_is_ended_knows_it_lost_the_lease_and_another_tak
         (["--shard", "s1", "--db", "sqlite:///{tmp}/x.db"], r"--shard: needs a PostgreSQL --db .* not sqlite"),
         (["--shard", "s1", "--no-db"], r"--shard: needs a PostgreSQL store .* not --no-db"),
         (["--lease-poll", "1", "--no-db"], r"--lease-poll: only with --shard"),
+        (["--standby-hold", "10", "--no-db"], r"--standby-hold: only with --shard"),
         (["--shard", "s 1", "--no-db"], r"--shard: .* is not a shard name"),
         (["--shard", "s1", "--lease-poll", "0", "--no-db"], r"--lease-poll: must be a positive"),
     ],
@@ -149,7 +150,7 @@ def test_one_gateway_serves_the_other_stands_by_and_takes_over_when_the_holder_i
             with SessionStore(url) as store:
                 return any(e["type"] == "tool.start" and e["program_id"] == "p-before" for e in store.events())
 
-        assert wait_until(stored, timeout=60)
+        assert stored(), "a holder answers an event POST once its events are in the store"
         seconds = takeover(pair, "p-after")
         assert pair.holder() is spare and seconds > 0
         after = httpx.get(spare.url + "/v1/programs/p-before", timeout=10).json()  # restored from the store
