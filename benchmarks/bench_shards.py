@@ -12,6 +12,14 @@ balancer, in a closed loop.
 - Throughput: model calls per second through the balancer, and their latency p50 / p99.
 - ``reference_s``: a fixed pure-Python workload timed in the same run (``benchmarks/reference.py``).
 
+With ``--standby --db postgresql+psycopg://...``: two shards, each a holder and a standby
+(``maitred serve --shard``, ``--standby-hold``) on its two workers and its own schema there,
+behind ``examples/haproxy-standby.cfg``; every program posts a tool call's two events after
+each model call, and once half the model calls are answered the first shard's holder is killed
+with SIGKILL. Figures: client errors (goal 0), the takeover as that shard's programs saw it (the
+longest gap between two answered calls of theirs spanning the kill, and their slowest call),
+stickiness, and model calls and events stored against those answered.
+
 Everything, the load generator included, shares this machine's cores: compare figures within one
 run. Last line: one JSON object with every figure.
 """
@@ -24,7 +32,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +42,8 @@ import httpx
 from reference import reference_s
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # the scale tests' harness, one copy of it
-from tests.helpers import wait_until
-from tests.scale.harness import Sharded, balancer_binary, start_sharded
+from tests.helpers import throwaway_schemas, wait_until
+from tests.scale.harness import PairedShard, Sharded, balancer_binary, start_paired_sharded, start_sharded
 
 
 async def drive(url: str, programs: int, steps: int, concurrency: int) -> tuple[float, list[float], int]:
@@ -91,6 +101,108 @@ def run(count: int, args: argparse.Namespace) -> dict[str, Any]:
         }
 
 
+@dataclass
+class Takeover:
+    """What the programs saw of a holder killed mid-run: each answered call's (program, end
+    time), every failure, and when the kill came."""
+
+    answered: list[tuple[str, float]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    events_answered: int = 0
+    latencies: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # pid: (end, seconds)
+    killed_at: float | None = None
+
+
+async def drive_takeover(url: str, args: argparse.Namespace, kill: Callable[[], None]) -> Takeover:
+    """Every program's ``--steps`` model calls, each followed by its tool call's two events,
+    ``--concurrency`` programs at a time; ``kill`` once half the model calls are answered."""
+    seen = Takeover()
+    half = args.programs * args.steps // 2
+    gate = asyncio.Semaphore(args.concurrency)
+
+    async def call(client: httpx.AsyncClient, pid: str, step: int) -> None:
+        body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": f"step {step} of {pid}"}]}
+        started = time.perf_counter()
+        try:
+            r = await client.post(url + "/v1/chat/completions", json=body, headers={"x-program-id": pid})
+        except httpx.HTTPError as exc:
+            seen.problems.append(f"{pid} call {step}: {type(exc).__name__}: {exc}")
+            return
+        if r.status_code != 200:
+            seen.problems.append(f"{pid} call {step}: {r.status_code} {r.text[:200]}")
+            return
+        now = time.perf_counter()
+        seen.answered.append((pid, now))
+        seen.latencies.setdefault(pid, []).append((now, now - started))
+        if len(seen.answered) == half and seen.killed_at is None:
+            kill()
+            seen.killed_at = time.perf_counter()
+
+    async def events(client: httpx.AsyncClient, pid: str, step: int) -> None:
+        now, call_id = time.time(), f"{pid}-{step}"
+        batch = [
+            {"type": "tool.start", "ts": now, "program_id": pid, "call_id": call_id, "tool": "pytest"},
+            {"type": "tool.end", "ts": now + 0.001, "program_id": pid, "call_id": call_id, "status": "ok"},
+        ]
+        try:
+            r = await client.post(url + "/v1/events", json=batch, headers={"x-program-id": pid})
+        except httpx.HTTPError as exc:
+            seen.problems.append(f"{pid} events {step}: {type(exc).__name__}: {exc}")
+            return
+        if r.status_code != 200:
+            seen.problems.append(f"{pid} events {step}: {r.status_code} {r.text[:200]}")
+            return
+        seen.events_answered += len(batch)
+
+    async def program(client: httpx.AsyncClient, pid: str) -> None:
+        async with gate:
+            for step in range(args.steps):
+                await call(client, pid, step)
+                await events(client, pid, step)
+
+    limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        await asyncio.gather(*(program(client, f"bench-{i:05d}") for i in range(args.programs)))
+    return seen
+
+
+def run_standby(args: argparse.Namespace) -> dict[str, Any]:
+    """Two shards of a holder and a standby each; the first shard's holder killed mid-run."""
+    with tempfile.TemporaryDirectory(prefix="maitred-bench-standby-") as root, ExitStack() as stack:
+        schema_url = stack.enter_context(throwaway_schemas(args.db, "bench_standby"))
+        sharded = start_paired_sharded(2, schema_url, Path(root), stack, time_scale=args.time_scale)
+        victim = sharded.shards[0]
+        assert isinstance(victim, PairedShard)
+        holder, [standby] = victim.pair.holder(), victim.pair.standbys()
+        started = time.perf_counter()
+        seen = asyncio.run(drive_takeover(sharded.balancer.url, args, holder.proc.kill))
+        seconds = time.perf_counter() - started
+        sticky = stickiness(sharded, args.programs, args.steps)
+        placed = sharded.placement()
+        killed = seen.killed_at or 0.0
+        theirs = sorted(t for pid, t in seen.answered if victim.name in placed.get(pid, {}))
+        gap = max((b - a for a, b in zip(theirs, theirs[1:]) if a <= killed <= b), default=None)
+        slowest = max(
+            (s for pid, calls in seen.latencies.items() if victim.name in placed.get(pid, {}) for _, s in calls), default=0.0
+        )
+        return {
+            "shards": 2,
+            "programs": args.programs,
+            "calls": args.programs * args.steps,
+            "client_errors": len(seen.problems),
+            "first_errors": seen.problems[:5],
+            "seconds": round(seconds, 1),
+            "standby_took_over": victim.pair.holder() is standby,
+            "takeover_gap_s": None if gap is None else round(gap, 3),
+            "victim_slowest_call_s": round(slowest, 3),
+            "model_calls_answered": len(seen.answered),
+            "model_calls_stored": sum(n for homes in placed.values() for _, n in homes.values()),
+            "events_answered": seen.events_answered,
+            "events_stored": 2 * sum(t for homes in placed.values() for t, _ in homes.values()),
+            **sticky,
+        }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", default="2,3,4", help="shard counts to run, comma-separated")
@@ -98,10 +210,26 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="model calls per program")
     parser.add_argument("--concurrency", type=int, default=32, help="programs calling at once")
     parser.add_argument("--time-scale", type=float, default=1000.0, help="simulated workers run this much faster than a GPU")
+    parser.add_argument("--standby", action="store_true", help="two shards of a holder and a standby; a holder killed mid-run")
+    parser.add_argument("--db", help="with --standby: a PostgreSQL URL; the run uses schemas of its own there, dropped after")
     args = parser.parse_args()
     if balancer_binary("haproxy") is None:
         raise SystemExit("haproxy is not installed (apt-get install haproxy)")
+    if args.standby != bool(args.db):
+        parser.error("--standby and --db: give both (the standbys keep their lease and history in PostgreSQL) or neither")
     result: dict[str, Any] = {"cores": os.cpu_count(), "reference_s": reference_s(), "programs": args.programs}
+    if args.standby:
+        result["standby"] = run_standby(args)
+        result["load_1m"] = round(os.getloadavg()[0], 2)
+        row = result["standby"]
+        print(
+            f"holder killed: {row['client_errors']} client errors, gap {row['takeover_gap_s']} s, "
+            f"sticky {row['sticky_share']}, model calls {row['model_calls_stored']}/{row['model_calls_answered']}, "
+            f"events {row['events_stored']}/{row['events_answered']} stored/answered",
+            file=sys.stderr,
+        )
+        print(json.dumps(result))
+        return
     result["runs"] = [run(int(count), args) for count in args.shards.split(",")]
     for row in result["runs"]:
         print(
