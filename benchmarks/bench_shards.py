@@ -17,7 +17,7 @@ With ``--standby --db postgresql+psycopg://...``: two shards, each a holder and 
 behind ``examples/haproxy-standby.cfg``; every program posts a tool call's two events after
 each model call, and once half the model calls are answered the first shard's holder is killed
 with SIGKILL. Figures: client errors (goal 0), the takeover as that shard's programs saw it (the
-longest gap between two answered calls of theirs spanning the kill, and their slowest call),
+longest gap between two of their answered calls from the kill on, and their slowest call),
 stickiness, and model calls and events stored against those answered.
 
 Everything, the load generator included, shares this machine's cores: compare figures within one
@@ -181,7 +181,7 @@ def run_standby(args: argparse.Namespace) -> dict[str, Any]:
         placed = sharded.placement()
         killed = seen.killed_at or 0.0
         theirs = sorted(t for pid, t in seen.answered if victim.name in placed.get(pid, {}))
-        gap = max((b - a for a, b in zip(theirs, theirs[1:]) if a <= killed <= b), default=None)
+        gap = max((b - a for a, b in zip(theirs, theirs[1:]) if b >= killed), default=None)
         slowest = max(
             (s for pid, calls in seen.latencies.items() if victim.name in placed.get(pid, {}) for _, s in calls), default=0.0
         )

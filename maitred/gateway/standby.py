@@ -2,15 +2,13 @@
 workers and store, the one holding the shard's lease (``maitred.gateway.lease``) serves and the
 others wait, ready to take over.
 
-With ``--standby-hold SECONDS`` a standby holds those requests while its next tries of the lease
-tell whether the holder is gone, and serves them once it took over, at most SECONDS
-(``StandbyGate``): the requests a balancer retries there while the holder just died are answered
-after the takeover rather than refused.
-
 A standby runs nothing that acts on the shared workers or the store (no scheduler, worker
 polls, warmups or store writer: the holder's would be doubled): ``/healthz`` answers 503 naming
 the holder, so a balancer sends it nothing, and every route under ``/v1`` (and ``/generate``)
-answers 503 with ``Retry-After``. It tries the lease every ``--lease-poll`` seconds; the try
+answers 503 with ``Retry-After``. With ``--standby-hold SECONDS`` it first holds such a request
+while its next tries of the lease tell whether the holder is gone, and serves it once it took
+over, at most SECONDS in all (``StandbyGate``): the requests a balancer retries there while the
+holder just died are answered after the takeover rather than refused. It tries the lease every ``--lease-poll`` seconds; the try
 that wins starts the gateway exactly as a holder starts at once (``serve``): the store opened
 and the open programs restored from it, the workers read, the scheduler started.
 

@@ -2,7 +2,9 @@
 processes, each with its own two ``maitred sim-worker`` processes and its own SQLite store, and
 HAProxy or nginx in front of them running the config shipped in ``examples/``, with only its
 listening address and its shard lines changed to the ports of this run. So a test that passes
-here proves the shipped file works, not a copy of it.
+here proves the shipped file works, not a copy of it. ``start_paired_sharded`` does the same for
+shards of a holder and a standby each (``maitred.harness.standby.ShardPair``, a PostgreSQL schema
+per shard) behind ``examples/haproxy-standby.cfg``.
 
 Every process is a child of the test, with its output in a log file under the test's folder;
 ``ExitStack`` callbacks stop each one, also when the test fails."""
