@@ -194,3 +194,20 @@ def test_a_gateway_started_while_the_database_is_down_stands_by_and_serves_once_
     finally:
         pair.close()
         database.down()
+
+
+def test_a_standby_with_standby_hold_refuses_while_the_holder_lives_and_serves_a_request_sent_as_it_dies(
+    schema_url, workers, tmp_path
+):
+    """``--standby-hold 600``: with the holder alive, the standby's next tries of the lease say
+    so and it refuses (long before the hold or the client's timeout would end); a request sent
+    to it the moment the holder is killed is held through the takeover and served."""
+    with ShardPair(schema_url(), workers, tmp_path, lease_poll_s=0.2, standby_hold_s=600) as pair:
+        holder, [spare] = pair.holder(), pair.standbys()
+        refused = chat(spare.url, "p-refused")
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1", refused.text
+        holder.proc.kill()
+        holder.proc.wait()
+        served = chat(spare.url, "p-held")
+        assert served.status_code == 200, served.text
+        assert pair.holder() is spare
