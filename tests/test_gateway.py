@@ -711,3 +711,22 @@ def test_admission_estimates_learn_each_programs_characters_per_token():
     assert runtime.estimate_prompt("p", PromptSize(chars=3000)) == 300
     assert runtime.estimate_prompt("other", PromptSize(chars=3000)) == 750
     assert runtime.estimate_prompt("p", prompt_size({"input_ids": [1, 2, 3]})) == 3
+
+
+async def test_a_model_request_sent_twice_under_one_balancer_request_id_is_one_model_call_in_the_store(cluster, tmp_path):
+    """``X-Maitred-Request-Id`` (``examples/haproxy-standby.cfg`` sets one per client request and
+    keeps it on retries) is the call's request id: a request the balancer sends again is stored
+    once. One that is no id is refused naming the header."""
+    db_url = f"sqlite:///{tmp_path / 'm.db'}"
+    c = cluster(workers=1, db_url=db_url)
+    async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
+        body = chat("p-retried", [{"role": "user", "content": "hi"}])
+        for _ in range(2):
+            r = await client.post("/v1/chat/completions", json=body, headers={"X-Maitred-Request-Id": "b1f0-42"})
+            assert r.status_code == 200, r.text
+        bad = await client.post("/v1/chat/completions", json=body, headers={"X-Maitred-Request-Id": "no spaces"})
+        assert bad.status_code == 400 and bad.json()["error"]["field"] == "x-maitred-request-id", bad.text
+    with SessionStore(db_url) as store:
+        ends = await until(lambda: [e for e in store.events("p-retried") if e["type"] == "llm.end"])
+        assert {e["request_id"] for e in ends} == {"gw-b1f0-42"}
+        assert store.programs()[0].llm_calls == 1

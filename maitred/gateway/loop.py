@@ -20,6 +20,7 @@ to the least loaded worker — so a scheduler bug never costs a request.
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from collections import Counter
@@ -60,6 +61,8 @@ class Admission:
     forced: bool = False
 
 
+#: What a balancer's request id (``X-Maitred-Request-Id``) may be.
+REQUEST_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 #: Under ``--shard``, how long an answer waits for its history to reach the store, and how often
 #: it looks (``LiveDriver.stored``).
 STORED_WAIT_S = 10.0
@@ -361,8 +364,15 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
         self._chars_per_token.pop(program_id, None)
 
     @staticmethod
-    def new_request_id() -> str:
-        return GATEWAY_REQUEST_PREFIX + uuid.uuid4().hex
+    def new_request_id(given: str | None = None) -> str:
+        """The id of a model request in the program's history. ``given``: the balancer's id of
+        the client's request (``X-Maitred-Request-Id``, the same on each of its retries), so a
+        request retried after its gateway died is one model call in the store, not two."""
+        if given is None:
+            return GATEWAY_REQUEST_PREFIX + uuid.uuid4().hex
+        if not REQUEST_ID_RE.fullmatch(given):
+            raise ValueError(f"expected 1 to 128 letters, digits, '.', '_', ':' or '-', got {given[:140]!r}")
+        return GATEWAY_REQUEST_PREFIX + given
 
     # -- events ---------------------------------------------------------------------------------
 

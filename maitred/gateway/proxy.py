@@ -64,6 +64,9 @@ log = logging.getLogger("maitred.service")
 JSON = {"content-type": "application/json"}
 #: Names the body fields a request had that were not forwarded (``maitred.gateway.fields``).
 DROPPED_HEADER = "x-maitred-dropped-fields"
+#: The balancer's id of a client request, the same on each of its retries (``examples/haproxy-standby.cfg``
+#: sets it): the model call's request id in the store (``LiveDriver.new_request_id``).
+REQUEST_ID_HEADER = "x-maitred-request-id"
 #: After the shutdown timeout, how long the requests ended then get to send their error.
 CUT_GRACE_S = 5.0
 
@@ -228,6 +231,10 @@ class Proxy:
         if not isinstance(stream, bool):
             raise HTTPProblem(400, f"stream: expected true or false, got {stream!r}", field="stream")
         anonymous = program_id is None
+        try:
+            request_id = self.runtime.new_request_id(request.headers.get(REQUEST_ID_HEADER))
+        except ValueError as exc:
+            raise HTTPProblem(400, f"{REQUEST_ID_HEADER}: {exc}", field=REQUEST_ID_HEADER) from None
         call = Call(
             route,
             path,
@@ -237,7 +244,7 @@ class Proxy:
             program_id or "anon-" + self.runtime.new_request_id(),
             anonymous,
             stream,
-            self.runtime.new_request_id(),
+            request_id,
             dropped=dropped,
             trace=trace_context(request.headers),
         )
