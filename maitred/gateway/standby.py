@@ -8,8 +8,8 @@ the holder, so a balancer sends it nothing, and every route under ``/v1`` (and `
 answers 503 with ``Retry-After``. With ``--standby-hold SECONDS`` it first holds such a request
 while its next tries of the lease tell whether the holder is gone, and serves it once it took
 over, at most SECONDS in all (``StandbyGate``): the requests a balancer retries there while the
-holder just died are answered after the takeover rather than refused. It tries the lease every ``--lease-poll`` seconds; the try
-that wins starts the gateway exactly as a holder starts at once (``serve``): the store opened
+holder just died are answered after the takeover rather than refused. It tries the lease
+every ``--lease-poll`` seconds; the try that wins starts the gateway exactly as a holder starts at once (``serve``): the store opened
 and the open programs restored from it, the workers read, the scheduler started.
 
 The holder asks its lease's connection ``SELECT 1`` every ``--lease-poll`` seconds. When the
