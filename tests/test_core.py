@@ -6,7 +6,7 @@ from typing import Any
 import httpx
 import pytest
 
-from maitred.events import ToolStart
+from maitred.events import LLMEnd, ToolStart
 from maitred.gateway.app import ServeConfig, build_app
 from maitred.gateway.loop import LiveConfig, LiveDriver
 from maitred.gateway.sglang.client import SGLangClient
@@ -151,6 +151,24 @@ def test_a_held_request_is_forced_to_its_home_else_the_least_loaded_worker():
     assert core.hold_deadline("big") == NOW + HOLD_TIMEOUT_S
     assert core.force("big", NOW + HOLD_TIMEOUT_S) == "w1"  # no home: the least loaded (w0 holds a)
     assert "big" not in core.held and st.programs["big"].tier is Tier.GPU and st.programs["big"].home_worker == "w1"
+
+
+def test_a_program_dropped_because_it_moved_frees_its_room_and_late_news_does_not_bring_it_back():
+    """``drop`` forgets a program that goes on elsewhere as its end would (room, held requests,
+    prompts, priorities), but says whether it was live: a shard counts what it really dropped."""
+    st = state([("w0", 4_000, 0), ("w1", 4_000, 0)], [program("moved", tokens=3_000, home="w0", tier=Tier.GPU)])
+    core = RuntimeCore(st, "maitred")
+    core.prompt_seen("moved")
+    core.priority_for("moved", "w0", NOW)
+    core.held["moved"] = NOW
+    assert st.gpu_used()["w0"] >= 3_000
+    assert core.drop("moved", NOW + 1) is True
+    assert "moved" not in st.programs and "moved" not in core.held and "moved" not in core.ratchet
+    assert "moved" not in core.prompts.last and st.gpu_used()["w0"] == 0
+    core.observe(LLMEnd(ts=NOW, program_id="moved", request_id="r1", prompt_tokens=3_000, completion_tokens=10, worker="w0"))
+    assert "moved" not in st.programs, "an answer stamped before the drop is late news"
+    assert core.drop("moved", NOW + 2) is False and core.drop("never-here", NOW + 2) is False
+    assert core.arrive("moved", NOW + 3, prompt_tokens=100).event.program_id == "moved" and "moved" in st.programs
 
 
 def test_priorities_rise_by_epoch_under_the_ratchet_in_both_drivers():
