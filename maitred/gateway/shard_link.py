@@ -61,11 +61,12 @@ class ShardLink:
         metrics: Metrics,
         wait_s: float = 0.1,
         heartbeat_s: float = 2.0,
+        retry_s: float = 0.2,
         capacity: int = 100_000,
     ) -> None:
         self.url, self.shard = normalize_db_url(url), shard
         self.on_moved_away, self.metrics = on_moved_away, metrics
-        self.wait_s, self.heartbeat_s, self.capacity = wait_s, heartbeat_s, capacity
+        self.wait_s, self.heartbeat_s, self.retry_s, self.capacity = wait_s, heartbeat_s, retry_s, capacity
         #: the session's ``application_name``, by which a DBA (and a test) finds it
         self.label = f"maitred shard={shard} pid={os.getpid()} messages"
         self._engine = make_engine(self.url, connect_timeout_s=ANSWER_TIMEOUT_S)
@@ -76,6 +77,7 @@ class ShardLink:
         self._overflowed = 0
         self._stop = threading.Event()
         self._schema: str | None = None
+        self._beaten = False  # the session now served answered a heartbeat
         #: the database's clock when the link last heard the server (None: never connected)
         self.last_seen: float | None = None
         for direction in ("sent", "received"):  # at 0 from the start, so ``rate()`` sees the first
@@ -104,16 +106,20 @@ class ShardLink:
     # -- the thread -----------------------------------------------------------------------------
 
     def _run(self) -> None:
-        backoff = 0.2
+        """Connect and serve; after a failure, retry ``retry_s`` later, doubling up to 10 s
+        while sessions keep failing before their first heartbeat (a claim that always fails
+        does not retry in a tight loop)."""
+        backoff = self.retry_s
         while not self._stop.is_set():
             conn: Connection | None = None
+            self._beaten = False
             try:
                 conn = self._connect()
-                backoff = 0.2
                 self._serve(conn)
             except Exception as exc:  # psycopg's own errors too (``notifies``): any failure reconnects
                 if self._stop.is_set():
                     break
+                backoff = self.retry_s if self._beaten else backoff
                 why = translate(exc, self.url) if isinstance(exc, SQLAlchemyError) else exc
                 log.warning(
                     "maitred: shard %s: cross-shard messages interrupted (%s); reconnecting in %.1f s", self.shard, why, backoff
@@ -125,7 +131,7 @@ class ShardLink:
                     except SQLAlchemyError:
                         pass
             self._stop.wait(backoff)
-            backoff = min(backoff * 2, 10.0)
+            backoff = min(backoff * 2, max(10.0, self.retry_s))
 
     def _connect(self) -> Connection:
         """A session listening on ``CHANNEL``; after a lost one, the moves it may have missed."""
@@ -159,7 +165,7 @@ class ShardLink:
             if time.monotonic() - beat >= self.heartbeat_s:
                 with self._deadline.watch(ANSWER_TIMEOUT_S), conn.begin():
                     self.last_seen = homes.db_now(conn)
-                beat = time.monotonic()
+                beat, self._beaten = time.monotonic(), True
 
     def _write_claims(self, conn: Connection) -> None:
         with self._cond:

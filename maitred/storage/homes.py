@@ -50,7 +50,7 @@ def claim(conn: Connection, shard: str, program_ids: Collection[str]) -> list[Mo
                 .where(_HOMES.c.program_id.in_(left))
                 .order_by(_HOMES.c.program_id)
                 .with_for_update()
-            ).tuples()
+            ).all()
         )
         elsewhere = [pid for pid in left if homes.get(pid, shard) != shard]
         if elsewhere:
