@@ -279,6 +279,39 @@ async def test_a_program_that_ends_while_held_has_its_request_let_through():
                 await runtime.stop()
 
 
+@pytest.mark.anyio
+async def test_a_program_moved_away_while_held_has_its_request_let_through_and_is_counted():
+    """Another shard claimed a program one of whose requests is held here (the balancer moved it
+    mid-wait): as after a late ``program.end``, the request goes now instead of waiting out
+    the hold bound; only a program that was live here counts as moved away."""
+    import asyncio
+
+    with SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=20_000, time_scale=20.0)) as sim:
+        async with httpx.AsyncClient() as client:
+            runtime = await _held_driver(sim, client)
+            try:
+                waiting = asyncio.create_task(runtime.admit("big", request_id="r1", agent=None, model=None, prompt_tokens=50_000))
+                while "big" not in runtime.core.held:
+                    await asyncio.sleep(0.01)
+                runtime.moved_away("big")
+                admission = await asyncio.wait_for(waiting, 10)
+                assert admission.worker == sim.url and runtime.core.forced == 1
+                runtime.moved_away("never-here")
+                assert runtime.metrics.moved_away._value.get() == 1
+            finally:
+                await runtime.stop()
+
+
+def test_programs_silent_past_their_ttl_are_dropped_without_counting_as_moved():
+    t = [1000.0]
+    runtime = LiveDriver({}, LiveConfig(program_ttl_s=60.0), clock=lambda: t[0])
+    runtime.ingest([ToolStart(ts=t[0], program_id="quiet", call_id="c", tool="bash")])
+    assert "quiet" in runtime.state.programs
+    t[0] += 61.0
+    runtime._forget_silent(t[0])
+    assert "quiet" not in runtime.state.programs and runtime.metrics.moved_away._value.get() == 0
+
+
 def test_a_warmup_that_cannot_be_sent_takes_no_slot_of_one_that_can():
     """Warmup admission reads which prompts the driver holds: two handoffs whose consumers' prompts
     were never announced do not fill the worker's warmup slots ahead of a program about to
