@@ -101,10 +101,10 @@ def build_app(
     async def serve_as_holder() -> None:
         """Start what acts on the workers and the store: at once, or once a standby won its
         shard's lease (``standby``)."""
+        if cfg.shard is not None and cfg.db_url is not None:  # first: the programs restored are checked
+            runtime.homes = _link_shards(runtime, cfg.db_url, cfg.shard.name)
         if cfg.db_url is not None:
             await _open_history(runtime, cfg.db_url, cfg.runtime.program_ttl_s)
-        if cfg.shard is not None and cfg.db_url is not None:
-            runtime.homes = _link_shards(runtime, cfg.db_url, cfg.shard.name)
         if cfg.otlp_endpoint is not None:
             from maitred.middleware.emitter import Emitter
             from maitred.middleware.otlp import OtlpSink

@@ -17,7 +17,9 @@ other's. NOTIFY delivers only to sessions listening at the time: after a lost co
 thread reconnects with backoff and asks ``program_homes`` for the programs homed elsewhere
 since shortly before it last heard the server (``moved_since``), and treats them as told
 (the driver drops those it still serves). A program whose own claim is still queued here is
-never dropped for an older move: the claim is newer news. Payloads stay far below NOTIFY's
+never dropped for an older move: the claim is newer news. Programs restored from the store at
+start are looked up too (``check``): one another shard claimed while this one was down is
+dropped, as if told. Payloads stay far below NOTIFY's
 8,000 bytes: ids are at most 256 characters, shard names 32.
 """
 
@@ -27,7 +29,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from sqlalchemy import Connection, text
@@ -74,6 +76,7 @@ class ShardLink:
         self._cond = threading.Condition()
         self._queue: deque[str] = deque()
         self._pending: set[str] = set()  # queued or being written: claims not yet in the table
+        self._checks: deque[str] = deque()  # restored programs whose home is to be looked up
         self._overflowed = 0
         self._stop = threading.Event()
         self._schema: str | None = None
@@ -95,6 +98,12 @@ class ShardLink:
                 return
             self._queue.append(program_id)
             self._pending.add(program_id)
+
+    def check(self, program_ids: Iterable[str]) -> None:
+        """``program_ids`` were restored from the store at start, without a claim: those another
+        shard claimed meanwhile (while this one was down) are reported moved away."""
+        with self._cond:
+            self._checks.extend(program_ids)
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the thread (claims still queued are not written: the next shard to see those
@@ -160,6 +169,7 @@ class ShardLink:
         beat = time.monotonic()
         while not self._stop.is_set():
             self._write_claims(conn)
+            self._check_restored(conn)
             for notify in raw.notifies(timeout=self.wait_s):
                 self._receive(notify.payload)
             if time.monotonic() - beat >= self.heartbeat_s:
@@ -197,6 +207,22 @@ class ShardLink:
         with self._cond:
             self._pending.difference_update(batch)
         self.metrics.shard_messages.labels("sent", MOVED).inc(len(moves))
+
+    def _check_restored(self, conn: Connection) -> None:
+        with self._cond:
+            batch = list(self._checks)
+            self._checks.clear()
+        if not batch:
+            return
+        try:
+            with self._deadline.watch(ANSWER_TIMEOUT_S), conn.begin():
+                elsewhere = homes.homed_elsewhere(conn, self.shard, batch)
+        except BaseException:
+            with self._cond:
+                self._checks.extendleft(reversed(batch))
+            raise
+        for program_id in elsewhere:
+            self._moved_away(program_id)
 
     def _receive(self, payload: str) -> None:
         """One message: a move away from this shard, in this schema, is acted on; others are not ours."""

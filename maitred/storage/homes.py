@@ -2,7 +2,8 @@
 
 ``claim`` makes this shard the home of programs it just saw and says, for each, which other
 shard was its home before; ``moved_since`` lists the programs homed elsewhere whose home
-changed since a time, for a shard that may have missed being told. Times are the database's
+changed since a time, for a shard that may have missed being told, and ``homed_elsewhere``
+which of some programs another shard serves now, for a shard that restored them at start. Times are the database's
 clock (seconds since the epoch), so shards on hosts whose clocks disagree still compare them.
 
 Every function takes a connection in a transaction the caller commits: a notification sent in
@@ -78,6 +79,17 @@ def moved_since(conn: Connection, shard: str, since: float) -> list[str]:
     those of them ``shard`` still serves moved away from it."""
     query = select(_HOMES.c.program_id).where(_HOMES.c.shard != shard, _HOMES.c.updated_at >= since)
     return list(conn.execute(query).scalars())
+
+
+def homed_elsewhere(conn: Connection, shard: str, program_ids: Collection[str]) -> list[str]:
+    """Those of ``program_ids`` whose home is another shard than ``shard`` (a program no shard
+    claimed yet is nobody else's)."""
+    ids = sorted(set(program_ids))
+    out: list[str] = []
+    for i in range(0, len(ids), 1000):
+        query = select(_HOMES.c.program_id).where(_HOMES.c.program_id.in_(ids[i : i + 1000]), _HOMES.c.shard != shard)
+        out += conn.execute(query).scalars()
+    return out
 
 
 def db_now(conn: Connection) -> float:

@@ -34,6 +34,7 @@ class Gateway:
     name: str
     url: str
     db_url: str
+    worker: str
     process: Process
 
     def serves(self, program_id: str) -> bool:
@@ -51,28 +52,40 @@ class Gateway:
 
 def start_shard(name: str, db_url: str, root: Path, stack: ExitStack) -> Gateway:
     """``maitred serve --shard NAME`` on ``db_url`` with one simulated worker of its own."""
-    worker_port, port = free_port(), free_port()
+    worker_port = free_port()
     worker = Process(
         maitred_command("sim-worker", "--port", str(worker_port), "--log-level", "warning"), root / f"{name}-worker.log"
     )
     stack.callback(worker.stop)
     wait_http(f"http://127.0.0.1:{worker_port}/health", timeout_s=120, process=worker.proc)
+    return start_gateway(name, db_url, f"http://127.0.0.1:{worker_port}", root / f"{name}-serve.log", stack)
+
+
+def start_gateway(name: str, db_url: str, worker: str, log: Path, stack: ExitStack) -> Gateway:
+    """``maitred serve --shard NAME`` on ``db_url`` in front of ``worker``."""
+    port = free_port()
     argv = maitred_command("serve", "--port", str(port), "--db", db_url, "--shard", name, "--tick", "0.2")
-    argv += ["--worker", f"http://127.0.0.1:{worker_port}", "--log-level", "info"]
-    gateway = Process(argv, root / f"{name}-serve.log")
+    argv += ["--worker", worker, "--log-level", "info"]
+    gateway = Process(argv, log)
     stack.callback(gateway.stop)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/healthz", timeout_s=120, process=gateway.proc)
-    return Gateway(name, url, db_url, gateway)
+    return Gateway(name, url, db_url, worker, gateway)
 
 
 @pytest.fixture
-def shards(tmp_path) -> Iterator[tuple[Gateway, Gateway]]:
+def stack() -> Iterator[ExitStack]:
+    with ExitStack() as stack:
+        yield stack
+
+
+@pytest.fixture
+def shards(tmp_path, stack) -> Iterator[tuple[Gateway, Gateway]]:
     if not POSTGRES_URL:
         pytest.skip("MAITRED_TEST_POSTGRES_URL is not set (CI sets it)")
-    with throwaway_schemas(POSTGRES_URL, "xshard") as make, ExitStack() as stack:
+    with throwaway_schemas(POSTGRES_URL, "xshard") as make, ExitStack() as own:
         url = make()
-        yield start_shard("a", url, tmp_path, stack), start_shard("b", url, tmp_path, stack)
+        yield start_shard("a", url, tmp_path, own), start_shard("b", url, tmp_path, own)
 
 
 def _moves_counted(gateway: Gateway, n: int) -> bool:
@@ -128,6 +141,20 @@ def test_a_move_made_while_the_listener_was_cut_off_is_caught_up_after_it_reconn
     assert "cross-shard messages interrupted" in a.process.output()
     assert chat(b.url, "p-before").status_code == 200  # and the new session hears the next move
     assert wait_until(lambda: not a.serves("p-before"), timeout=BOUND_S), a.process.output()[-3000:]
+
+
+def test_a_shard_back_from_down_drops_the_programs_another_shard_took_meanwhile(shards, tmp_path, stack):
+    a, b = shards
+    assert chat(a.url, "p-away").status_code == 200 and chat(a.url, "p-kept").status_code == 200
+    assert wait_until(lambda: _home(a.db_url, "p-away") == _home(a.db_url, "p-kept") == "a", timeout=BOUND_S)
+    a.process.stop()
+    assert chat(b.url, "p-away").status_code == 200  # the balancer sent it to shard b while a was down
+    assert wait_until(lambda: _home(b.db_url, "p-away") == "b", timeout=BOUND_S)
+    back = start_gateway("a", a.db_url, a.worker, tmp_path / "a-back-serve.log", stack)
+    assert wait_until(lambda: not back.serves("p-away"), timeout=BOUND_S), back.process.output()[-3000:]
+    assert back.serves("p-kept"), "restored from the store, and no other shard took it"
+    assert chat(back.url, "p-away").status_code == 200  # ... and the balancer sends it back to a
+    assert wait_until(lambda: not b.serves("p-away"), timeout=BOUND_S), b.process.output()[-3000:]
 
 
 # -- the link itself, in this process -----------------------------------------------------------
