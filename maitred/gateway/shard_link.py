@@ -48,6 +48,9 @@ MOVED = "moved"
 #: How far before the last time it heard the server a reconnected link looks for moves: covers
 #: a claim whose time (its statement's) came before the last heartbeat and whose commit after.
 CATCH_UP_MARGIN_S = 5.0
+#: Claims written in one transaction at most: a burst of new programs (a shard added) is written
+#: in bounded transactions, listening between them.
+CLAIM_BATCH = 1_000
 
 
 class ShardLink:
@@ -147,10 +150,11 @@ class ShardLink:
         with self._deadline.watch(ANSWER_TIMEOUT_S):
             conn = self._engine.connect()
             try:
-                with conn.begin():
+                with conn.begin():  # listening from its commit on: what comes later is told
                     conn.execute(text("SELECT set_config('application_name', :label, false)"), {"label": self.label})
                     conn.execute(text(f"LISTEN {CHANNEL}"))
                     self._schema = conn.execute(text("SELECT current_schema()")).scalar_one()
+                with conn.begin():  # ... and what came before is in the table
                     now = homes.db_now(conn)
                     since, self.last_seen = self.last_seen, now
                     missed = [] if since is None else homes.moved_since(conn, self.shard, since - CATCH_UP_MARGIN_S)
@@ -179,8 +183,7 @@ class ShardLink:
 
     def _write_claims(self, conn: Connection) -> None:
         with self._cond:
-            batch = list(self._queue)
-            self._queue.clear()
+            batch = [self._queue.popleft() for _ in range(min(CLAIM_BATCH, len(self._queue)))]
             overflowed, self._overflowed = self._overflowed, 0
         if overflowed:
             log.warning("maitred: shard %s: %d program claims not queued (the queue is full)", self.shard, overflowed)
