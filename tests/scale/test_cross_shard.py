@@ -254,3 +254,27 @@ def test_a_move_older_than_a_claim_still_queued_does_not_drop_the_program(links)
     a.claim("p")  # the program came back to shard a before its link reconnected
     assert wait_until(lambda: _home(url, "p") == "a", timeout=BOUND_S)
     assert told_a == [], "the catch-up found the move, but shard a's own claim is newer"
+
+
+def test_a_move_in_another_schema_of_the_same_database_is_not_ours(links):
+    url, link = links
+    a, told_a = link("a")
+    b, _ = link("b")
+    with throwaway_schemas(POSTGRES_URL, "xother") as make:
+        other = make()
+        SessionStore(other).close()
+        elsewhere_told: list[str] = []
+        a_elsewhere = ShardLink(other, "a", on_moved_away=elsewhere_told.append, metrics=Metrics())
+        try:
+            a.claim("p")
+            a_elsewhere.claim("p")
+            assert wait_until(lambda: _home(url, "p") == "a" and _home(other, "p") == "a", timeout=BOUND_S)
+            b.claim("p")
+            assert wait_until(lambda: told_a == ["p"], timeout=BOUND_S)
+            assert wait_until(lambda: a_elsewhere.last_seen is not None, timeout=BOUND_S)
+            for later in ("q", "r"):  # its link listened between writing these two claims
+                a_elsewhere.claim(later)
+                assert wait_until(lambda pid=later: _home(other, pid) == "a", timeout=BOUND_S)
+            assert elsewhere_told == [] and _received(a_elsewhere) == 0
+        finally:
+            a_elsewhere.close()
