@@ -6,7 +6,8 @@ dropped at the end.
 
     .venv/bin/python benchmarks/bench_takeover.py --db postgresql+psycopg://postgres@127.0.0.1:5432/test [--tries 5]
 
-Last line: one JSON object with every figure.
+Last line: one JSON object with every figure, and ``reference_s``, a fixed pure-Python workload
+timed in the same run (``benchmarks/reference.py``).
 """
 
 import argparse
@@ -22,6 +23,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import httpx
+from reference import reference_s
 from sqlalchemy import create_engine, text
 
 from maitred.bind import wait_http
@@ -83,6 +85,7 @@ def main() -> None:
         "median_s": round(statistics.median(seconds), 3),
         "max_s": round(max(seconds), 3),
         "won_to_serving_s": [round(s, 3) for s in starting],
+        "reference_s": reference_s(),
     }
     print(json.dumps(figures))
 

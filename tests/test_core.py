@@ -6,7 +6,7 @@ from typing import Any
 import httpx
 import pytest
 
-from maitred.events import ToolStart
+from maitred.events import LLMEnd, ToolStart
 from maitred.gateway.app import ServeConfig, build_app
 from maitred.gateway.loop import LiveConfig, LiveDriver
 from maitred.gateway.sglang.client import SGLangClient
@@ -153,6 +153,24 @@ def test_a_held_request_is_forced_to_its_home_else_the_least_loaded_worker():
     assert "big" not in core.held and st.programs["big"].tier is Tier.GPU and st.programs["big"].home_worker == "w1"
 
 
+def test_a_program_dropped_because_it_moved_frees_its_room_and_late_news_does_not_bring_it_back():
+    """``drop`` forgets a program that goes on elsewhere as its end would (room, held requests,
+    prompts, priorities), but says whether it was live: a shard counts what it really dropped."""
+    st = state([("w0", 4_000, 0), ("w1", 4_000, 0)], [program("moved", tokens=3_000, home="w0", tier=Tier.GPU)])
+    core = RuntimeCore(st, "maitred")
+    core.prompt_seen("moved")
+    core.priority_for("moved", "w0", NOW)
+    core.held["moved"] = NOW
+    assert st.gpu_used()["w0"] >= 3_000
+    assert core.drop("moved", NOW + 1) is True
+    assert "moved" not in st.programs and "moved" not in core.held and "moved" not in core.ratchet
+    assert "moved" not in core.prompts.last and st.gpu_used()["w0"] == 0
+    core.observe(LLMEnd(ts=NOW, program_id="moved", request_id="r1", prompt_tokens=3_000, completion_tokens=10, worker="w0"))
+    assert "moved" not in st.programs, "an answer stamped before the drop is late news"
+    assert core.drop("moved", NOW + 2) is False and core.drop("never-here", NOW + 2) is False
+    assert core.arrive("moved", NOW + 3, prompt_tokens=100).event.program_id == "moved" and "moved" in st.programs
+
+
 def test_priorities_rise_by_epoch_under_the_ratchet_in_both_drivers():
     """SGLang keeps the highest priority a prefix was given, so priorities rise with time: the
     policy's within each 10 s epoch, every epoch above the last. The replay sends what the
@@ -259,6 +277,39 @@ async def test_a_program_that_ends_while_held_has_its_request_let_through():
                 assert admission.worker == sim.url and admission.waited_s < 10 and runtime.core.forced == 1
             finally:
                 await runtime.stop()
+
+
+@pytest.mark.anyio
+async def test_a_program_moved_away_while_held_has_its_request_let_through_and_is_counted():
+    """Another shard claimed a program one of whose requests is held here (the balancer moved it
+    mid-wait): as after a late ``program.end``, the request goes now instead of waiting out
+    the hold bound; only a program that was live here counts as moved away."""
+    import asyncio
+
+    with SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=20_000, time_scale=20.0)) as sim:
+        async with httpx.AsyncClient() as client:
+            runtime = await _held_driver(sim, client)
+            try:
+                waiting = asyncio.create_task(runtime.admit("big", request_id="r1", agent=None, model=None, prompt_tokens=50_000))
+                while "big" not in runtime.core.held:
+                    await asyncio.sleep(0.01)
+                runtime.moved_away("big")
+                admission = await asyncio.wait_for(waiting, 10)
+                assert admission.worker == sim.url and runtime.core.forced == 1
+                runtime.moved_away("never-here")
+                assert runtime.metrics.moved_away._value.get() == 1
+            finally:
+                await runtime.stop()
+
+
+def test_programs_silent_past_their_ttl_are_dropped_without_counting_as_moved():
+    t = [1000.0]
+    runtime = LiveDriver({}, LiveConfig(program_ttl_s=60.0), clock=lambda: t[0])
+    runtime.ingest([ToolStart(ts=t[0], program_id="quiet", call_id="c", tool="bash")])
+    assert "quiet" in runtime.state.programs
+    t[0] += 61.0
+    runtime._forget_silent(t[0])
+    assert "quiet" not in runtime.state.programs and runtime.metrics.moved_away._value.get() == 0
 
 
 def test_a_warmup_that_cannot_be_sent_takes_no_slot_of_one_that_can():

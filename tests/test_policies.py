@@ -142,6 +142,37 @@ def test_working_set_capacity_follows_the_busy_share_up_to_what_gpu_and_host_kee
     assert (c.fill, c.ceiling) == (18_000, 20_000)  # 0.9 / 0.5 and 1 / 0.5
 
 
+def test_programs_of_one_agent_on_a_write_through_worker_share_its_prefix_once_in_the_tier():
+    """Three reasoning programs of one agent (busy share 1) in w0's GPU tier, 9,000 of each
+    one's context the agent's system prompt. The worker caches that prefix once, so the tier
+    holds 2 × 9,000 more than the weights say; a program of another agent shares nothing. With
+    write-back (host memory below twice the GPU) no credit is given: there every admission the
+    credit allows costs an eviction the scheduler waits for."""
+
+    def tier(write_back: bool, agents: list[str]) -> int:
+        ps = [
+            program(f"p{i}", tokens=12_000, phase=Phase.REASONING, home="w0", tier=Tier.GPU, agent=a)
+            for i, a in enumerate(agents)
+        ]
+        st_ = state([("w0", 40_000, 40_000)], ps)
+        st_.workers["w0"].write_back = write_back
+        st_.agent_prefix_tokens.update({"claude-code": 9_000, "other": 9_000})
+        return working_set_capacity(st_.view(NOW))["w0"].fill
+
+    base = tier(False, [])
+    assert tier(False, ["claude-code"] * 3) == base + 2 * 9_000
+    assert tier(False, ["claude-code", "claude-code", "other"]) == base + 9_000
+    assert tier(True, ["claude-code"] * 3) == tier(True, [])
+
+
+def test_an_agents_prefix_is_its_shortest_first_prompt():
+    """Each first prompt is the agent's system prompt plus the program's own task."""
+    st_ = state([("w0", 100_000, 0)], [])
+    for pid, tokens in (("a", 10_700), ("b", 9_400), ("c", 12_000)):
+        st_.request_arrived(pid, NOW, agent="claude-code", prompt_tokens=tokens)
+    assert st_.agent_prefix_tokens["claude-code"] == 9_400
+
+
 def test_with_write_back_the_host_pool_adds_to_the_gpu_in_the_tier_cap():
     """The same four acting programs (busy share 0.25, 0.9 / 0.25 = 3.6). With write-through a
     host pool the size of the GPU only mirrors it (cap 1 + 0.4 headroom); with write-back it

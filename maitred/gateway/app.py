@@ -39,6 +39,7 @@ from maitred.gateway.top_tools import MAX_TOOLS
 from maitred.gateway.trust import Tokens
 
 if TYPE_CHECKING:
+    from maitred.gateway.shard_link import ShardLink
     from maitred.storage import SessionStore
 
 log = logging.getLogger("maitred.service")
@@ -100,6 +101,8 @@ def build_app(
     async def serve_as_holder() -> None:
         """Start what acts on the workers and the store: at once, or once a standby won its
         shard's lease (``standby``)."""
+        if cfg.shard is not None and cfg.db_url is not None:  # first: the programs restored are checked
+            runtime.homes = _link_shards(runtime, cfg.db_url, cfg.shard.name)
         if cfg.db_url is not None:
             await _open_history(runtime, cfg.db_url, cfg.runtime.program_ttl_s)
         if cfg.otlp_endpoint is not None:
@@ -133,6 +136,8 @@ def build_app(
                 keeping.cancel()
                 await asyncio.gather(keeping, return_exceptions=True)
             await runtime.stop()
+            if runtime.homes is not None:
+                await asyncio.to_thread(runtime.homes.close)
             await proxy.stop()
             await client.aclose()
             if runtime.writer is not None:
@@ -184,6 +189,16 @@ async def _open_history(runtime: LiveDriver, url: str, program_ttl_s: float) -> 
     # at start is not waited for beyond its own timeouts: its programs come back when
     # it opens, except those a request has brought back first.
     await asyncio.to_thread(runtime.writer.first_attempt.wait)
+
+
+def _link_shards(runtime: LiveDriver, url: str, shard: str) -> "ShardLink":
+    """Claim the programs this shard sees, and drop on the loop those another shard claims."""
+    from maitred.gateway.shard_link import ShardLink
+
+    loop = asyncio.get_running_loop()
+    return ShardLink(
+        url, shard, on_moved_away=lambda pid: loop.call_soon_threadsafe(runtime.moved_away, pid), metrics=runtime.metrics
+    )
 
 
 async def _contend(

@@ -9,6 +9,9 @@ from maitred.runtime.records import SignalConfig
 #: A program that sends no news for this long, and no ``program.end``, is forgotten by the
 #: gateway (``maitred serve --program-ttl``); the store keeps it.
 PROGRAM_TTL_S = 3600.0
+#: ``maitred serve --lease-poll``'s default: how often a standby tries its shard's lease and a
+#: holder checks it (``maitred.gateway.standby``).
+LEASE_POLL_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)

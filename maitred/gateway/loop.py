@@ -49,6 +49,7 @@ from maitred.runtime.records import SignalConfig, WorkerState
 from maitred.runtime.state import RuntimeState, Snapshot
 
 if TYPE_CHECKING:
+    from maitred.gateway.shard_link import ShardLink
     from maitred.middleware.emitter import Emitter
 
 log = logging.getLogger("maitred.service")
@@ -90,6 +91,8 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
     #: after the runtime observed it, so its span carries the live signals (``span_signals``).
     note_span: Callable[[Event], None] | None = None
     clock: Callable[[], float] = time.time
+    #: ``maitred serve --shard``: where this shard claims the programs it sees (``shard_link``)
+    homes: "ShardLink | None" = None
 
     def __post_init__(self) -> None:
         self.state = RuntimeState(
@@ -186,6 +189,8 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
             event = arrival.event if trace_id is None else replace(arrival.event, trace_id=trace_id)
             self._note(event)
             self._record([event])
+            if not known:
+                self._claim(program_id)
         self._handoff_prompts.pop(program_id, None)  # the consumer asked: its warmup is moot
         warming = self._warming.pop(program_id, None)
         if warming is not None:  # overtaken by the real request: the warmup is moot
@@ -357,6 +362,29 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
         self.core.end(program_id, now)
         self._forget(program_id)
 
+    def drop(self, program_id: str, now: float) -> bool:
+        """Stop serving a program that goes on (silent past ``program_ttl_s``, or moved to
+        another shard): the core forgets it (``RuntimeCore.drop``), and so does the driver;
+        requests of it still held go now, as after a late ``program.end``. False when it was
+        not live here."""
+        if not self.core.drop(program_id, now):
+            return False
+        self._forget(program_id)
+        self._let_through(program_id)
+        return True
+
+    def moved_away(self, program_id: str) -> None:
+        """Another shard claimed ``program_id`` (``shard_link``): its room here is freed now,
+        not after its TTL. Its history stays in the store; nothing is stored for the move."""
+        if self.drop(program_id, self.clock()):
+            self.metrics.moved_away.inc()
+            log.debug("maitred: %s moved to another shard; dropped here", program_id)
+
+    def _claim(self, program_id: str) -> None:
+        """This gateway saw ``program_id`` first: under ``--shard`` it becomes the program's home."""
+        if self.homes is not None:
+            self.homes.claim(program_id)
+
     def _forget(self, program_id: str) -> None:
         self.warm_prompts.pop(program_id)
         self._handoff_prompts.pop(program_id, None)
@@ -397,7 +425,10 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
                 handoff = True
                 if e.expected_prompt is not None:
                     self._handoff_prompts[e.child_program_id or e.program_id] = e.expected_prompt
+            new = e.program_id not in self.state.programs
             self.core.observe(e)
+            if new and e.program_id in self.state.programs:
+                self._claim(e.program_id)
             self._note(sent)
             if isinstance(e, ProgramEnd):
                 self._forget(e.program_id)

@@ -154,6 +154,18 @@ class Metrics:
             ["shard"],
             registry=r,
         )
+        self.shard_messages = Counter(
+            "maitred_shard_messages_total",
+            "Messages between shards over PostgreSQL NOTIFY (--shard), by direction (sent; received: "
+            "addressed to this shard) and kind (moved: a program's home changed)",
+            ["direction", "kind"],
+            registry=r,
+        )
+        self.moved_away = Counter(
+            "maitred_programs_moved_away_total",
+            "Programs this shard dropped at once because another shard now serves them",
+            registry=r,
+        )
         # Label values known in advance start at 0, so the first increment shows in ``rate()``
         # and a dashboard finds the series before anything happened.
         for tier in Tier:

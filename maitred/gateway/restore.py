@@ -7,7 +7,7 @@ request the previous run was proxying when it stopped is ended (it died with tha
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from maitred.events import Event, LLMStart
 from maitred.gateway.recent_keys import RecentKeys
@@ -15,6 +15,9 @@ from maitred.gateway.store_writer import StoreWriter
 from maitred.runtime.core import RuntimeCore
 from maitred.runtime.records import Phase
 from maitred.runtime.state import RuntimeState
+
+if TYPE_CHECKING:
+    from maitred.gateway.shard_link import ShardLink
 
 log = logging.getLogger("maitred.service")
 
@@ -29,6 +32,7 @@ class RestoreAtStart:
     core: RuntimeCore
     recent: RecentKeys
     writer: StoreWriter | None
+    homes: "ShardLink | None"
     clock: Callable[[], float]
     kick: Callable[[], None]
 
@@ -53,6 +57,8 @@ class RestoreAtStart:
                 event = self.core.abandon(pid, now, request_id=request_id)
                 if event is not None and self.writer is not None:
                     self.writer.submit([event])
+        if restored and self.homes is not None:
+            self.homes.check(restored)  # those another shard took while this one was down are dropped
         if restored:
             homeless = sum(self.state.programs[pid].home_worker is None for pid in restored)
             log.info("maitred: %d programs restored from the store (%d without a configured worker)", len(restored), homeless)

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from maitred.bind import KEEP_ALIVE_S, check_bindable
 from maitred.config_file import ConfigError, ConfigSpec, run_configured
 from maitred.flags import bounded, port, positive, seconds, whole
-from maitred.gateway.live_config import PROGRAM_TTL_S, LiveConfig
+from maitred.gateway.live_config import LEASE_POLL_S, PROGRAM_TTL_S, LiveConfig
 from maitred.gateway.top_tools import MAX_TOOLS
 from maitred.runtime.admission import HOLD_TIMEOUT_S
 from maitred.runtime.records import SignalConfig
@@ -39,8 +39,6 @@ SHUTDOWN_TIMEOUT_S = 15.0
 DRAIN_TIMEOUT_S = 10.0
 _MEGABYTES = positive("number of megabytes")
 _SHARD = re.compile(r"[A-Za-z0-9._-]{1,32}")
-#: ``--lease-poll``'s default (``maitred.gateway.standby.LEASE_POLL_S``; a test checks the two agree).
-LEASE_POLL_S = 0.5
 #: Every flag also as ``MAITRED_<FLAG>`` and as a key of ``--config FILE`` (``maitred.config_file``).
 CONFIG = ConfigSpec("serve", "MAITRED_", secret=frozenset({"token"}))
 

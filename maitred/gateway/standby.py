@@ -29,13 +29,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from maitred.gateway.guard import error_response
 from maitred.gateway.lease import LeaseUnavailable, ShardLease
+from maitred.gateway.live_config import LEASE_POLL_S
 from maitred.gateway.metrics import Metrics
 from maitred.gateway.model_routes import ENDPOINTS
 
 log = logging.getLogger("maitred.service")
 
-#: ``--lease-poll``'s default: how often a standby tries the lease and a holder checks it.
-LEASE_POLL_S = 0.5
 #: How often a request held by a standby (``--standby-hold``) looks whether it serves now.
 HOLD_POLL_S = 0.01
 HOLDER, STANDBY, LOST = "holder", "standby", "lost"

@@ -28,7 +28,7 @@ class WorkerPolling:
     watch: WorkerWatch
     clock: Callable[[], float]
     _held: Container[str]
-    _end: Callable[[str, float], None]
+    drop: Callable[[str, float], bool]
 
     def worker_failed(self, url: str, *, reason: str) -> None:
         """``url`` is down (a request to it failed): see ``WorkerWatch.failed``."""
@@ -54,7 +54,7 @@ class WorkerPolling:
             if now - p.phase_since > self.cfg.program_ttl_s and pid not in self._held
         ]
         for pid in stale:
-            self._end(pid, now)
+            self.drop(pid, now)
 
     def no_worker(self) -> NoWorkerAvailable:
         """Why no worker can take a request, naming the workers that do not answer."""

@@ -312,6 +312,16 @@ class RuntimeCore:
     def end(self, program_id: str, now: float) -> None:
         self.observe(ProgramEnd(ts=now, program_id=program_id))
 
+    def drop(self, program_id: str, now: float) -> bool:
+        """This gateway stops serving ``program_id`` though the program goes on (silent past its
+        TTL, or moved to another shard): forgotten as its end forgets it, its GPU-tier room,
+        held requests, prompts and priorities with it, and events stamped up to ``now`` cannot
+        bring it back. Nothing is stored: the program did not end. False when it was not live."""
+        if program_id not in self.state.programs:
+            return False
+        self.end(program_id, now)
+        return True
+
     def discard(self, program_id: str) -> None:
         """Forget a program created by a request that was then refused: nothing of it stays."""
         self.state.discard(program_id)

@@ -491,9 +491,12 @@ class RuntimeState:
                 return
 
     def _learn_prefix(self, p: ProgramState, prompt_tokens: int) -> None:
-        """An agent's first prompt is (mostly) its system prompt: the prefix a handoff to it shares."""
-        if p.agent and not p.cycles and p.agent not in self.agent_prefix_tokens:
-            self.agent_prefix_tokens[p.agent] = prompt_tokens
+        """An agent's first prompt is (mostly) its system prompt: the prefix a handoff to it
+        shares, and its programs on one worker share. The shortest first prompt of its programs
+        is the closest bound on it: each first prompt is that prefix plus the program's task."""
+        if p.agent and not p.cycles:
+            known = self.agent_prefix_tokens.get(p.agent)
+            self.agent_prefix_tokens[p.agent] = prompt_tokens if known is None else min(known, prompt_tokens)
 
     def _llm_end(self, e: LLMEnd) -> None:
         p = self.program_for(e)

@@ -122,3 +122,14 @@ class HandoffRow(Base):
     context_tokens: Mapped[int | None] = mapped_column(Int64)
     context_hash: Mapped[str | None] = mapped_column(ID)
     n_messages: Mapped[int | None] = mapped_column(Int64)
+
+
+class ProgramHomeRow(Base):
+    """Which shard serves each program now (``maitred serve --shard``): a shard that sees a
+    program first claims it here, and learns which shard served it before (``homes``)."""
+
+    __tablename__ = "program_homes"
+
+    program_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    shard: Mapped[str] = mapped_column(String(32), index=True)
+    updated_at: Mapped[float] = mapped_column(Double)  # seconds since the epoch, by the database's clock

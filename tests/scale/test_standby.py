@@ -15,7 +15,6 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from maitred.gateway import serve, standby
 from maitred.gateway.lease import ShardLease
 from maitred.harness.background import free_port, wait_http
 from maitred.harness.standby import ShardPair, chat, takeover
@@ -115,10 +114,6 @@ def test_a_shard_without_a_postgresql_store_is_refused_naming_the_flags(tmp_path
     )
     assert done.returncode == 2, done.stderr
     assert re.search(says, done.stderr) and "Traceback" not in done.stderr, done.stderr
-
-
-def test_the_lease_poll_default_is_the_standby_s():
-    assert serve.LEASE_POLL_S == standby.LEASE_POLL_S
 
 
 # -- two gateways of one shard ------------------------------------------------------------------
