@@ -119,7 +119,7 @@ class StoreWriter:
         return True
 
     def mark(self) -> int:
-        """How many events were ever queued: ``wait_written``'s argument for all of them."""
+        """How many events were ever queued: ``written``'s argument for all of them."""
         with self._cond:
             return self._queued
 
