@@ -98,21 +98,19 @@ class Figures:
     cpu_s: float = 0.0
 
     def row(self) -> dict[str, Any]:
-        ttft = sorted(t for r in self.runs for t in r.ttft_s)
-        completed = sum(r.completed for r in self.runs)
-        prompt = sum(r.prompt_tokens for r in self.runs)
-
-        def q(p: float) -> float | None:
-            return round(ttft[min(int(p * len(ttft)), len(ttft) - 1)], 3) if ttft else None
-
+        runs = self.runs
+        pooled = RunSummary("pooled", ttft_s=[t for r in runs for t in r.ttft_s])
+        pooled.prompt_tokens, pooled.cached_tokens = sum(r.prompt_tokens for r in runs), sum(r.cached_tokens for r in runs)
+        completed = sum(r.completed for r in runs)
+        ttft = pooled.ttft_s
         return {
-            "out_tok_s": round(sum(r.output_tokens for r in self.runs) / self.window_s, 1),
+            "out_tok_s": round(sum(r.output_tokens for r in runs) / self.window_s, 1),
             "ttft_mean_s": round(statistics.fmean(ttft), 3) if ttft else None,
-            "ttft_p95_s": q(0.95),
-            "ttft_p99_s": q(0.99),
+            "ttft_p95_s": round(pooled.ttft(0.95), 3) if ttft else None,
+            "ttft_p99_s": round(pooled.ttft(0.99), 3) if ttft else None,
             "requests": completed,
-            "errors": sum(r.errors for r in self.runs),
-            "cache_hit_rate": round(sum(r.cached_tokens for r in self.runs) / prompt, 3) if prompt else 0.0,
+            "errors": sum(r.errors for r in runs),
+            "cache_hit_rate": round(pooled.hit_rate, 3),
             "gateway_cpu_s": round(self.cpu_s, 2),
             "cpu_ms_per_request": round(self.cpu_s / completed * 1000, 3) if completed else None,
         }
@@ -138,12 +136,13 @@ def start_workers(stack: ExitStack, setup: Setup, load: Load) -> list[str]:
     cpu = setup.cpu_tokens if load.host else 0
     if cpu:
         argv += ["--cpu-tokens", str(cpu), "--hicache-write-policy", write_policy_for(cpu / setup.gpu_tokens)]
-    urls = []
-    for _ in range(2):
-        port = free_port()
-        proc = spawn(stack, [*argv, "--port", str(port)])
-        urls.append(f"http://127.0.0.1:{port}")
-        wait_http(urls[-1] + "/health", timeout_s=60, process=proc)
+    ports: list[int] = []
+    while len(ports) < 2:  # two free ports, distinct (each is free only until it is bound)
+        ports += [p for p in [free_port()] if p not in ports]
+    procs = [spawn(stack, [*argv, "--port", str(port)]) for port in ports]  # both start at once
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
+    for url, proc in zip(urls, procs):
+        wait_http(url + "/health", timeout_s=60, process=proc)
     return urls
 
 

@@ -188,8 +188,10 @@ class _Agent:
             body["program_id"] = self.pid
         started, first, text = time.perf_counter(), None, []
         usage: dict[str, Any] = {}
+        # a request held by the gateway sends nothing: waiting for a line must end at the deadline too
+        timeout = httpx.Timeout(300.0, read=min(300.0, max(self._left_s(), 0.01)))
         try:
-            with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            with client.stream("POST", "/v1/chat/completions", json=body, timeout=timeout) as r:
                 r.raise_for_status()
                 for line in r.iter_lines():
                     if self._left_s() <= 0:
@@ -203,6 +205,8 @@ class _Agent:
                         text.append(choice.get("delta", {}).get("content") or "")
                     usage = chunk.get("usage") or usage
         except httpx.HTTPError:
+            if self._left_s() <= 0:
+                return None
             with self.lock:
                 self.run.errors += 1
             return ""
