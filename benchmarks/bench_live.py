@@ -39,6 +39,9 @@ one starts with tool statistics in its store, as a long-running deployment does.
 maitred's figures only (the peers keep nothing between runs): its readiness predicts a tool
 call's end from the first call instead of after it has seen some, which moves when it warms a
 program's KV back before its tool returns and whom it admits — its TTFT and output tokens/s.
+``maitred_tool_calls_known_at_start`` in the JSON says how many tool calls its store held when
+each measured window opened (0 without the flag). The warming window ends as a measured one
+does, so each program's tool call still running at its close is stored as long as it had run.
 
 The defaults finish in about ten minutes on two cores; the comparison in BENCHMARKS.md ran
 ``--duration 120 --repeats 2``.
@@ -57,6 +60,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 from peers import ROUTING_KEY_HEADER, cpu_seconds, router_installed, spawn, start_router, start_thunderagent
 from reference import reference_s
 
@@ -184,6 +188,9 @@ def workload(load: Load, seed: int) -> Trace:
 def window(target: Target, trace: Trace, load: Load, setup: Setup, label: str, pid: int) -> tuple[RunSummary, float, float]:
     """The workload through ``target`` for one window: its summary, seconds and the CPU seconds ``pid`` used."""
     run = RunSummary(label)
+    if target.instrumented:  # what maitred's store taught it before the first request (--learned-stats)
+        tools = httpx.get(target.url + "/v1/stats/tools", timeout=30).json()["tools"]
+        run.metrics["tool_calls_known"] = next(t["n"] for t in tools if t["tool"] == "*" and not t.get("signature"))
     steps = max(len(p.steps) for p in trace.programs)
     cpu0, started = cpu_seconds(pid), time.monotonic()
     drive(
@@ -374,6 +381,11 @@ def main(argv: list[str] | None = None, progress: Callable[[str], None] | None =
             "programs": {name: load.programs for name, load in loads.items()},
         },
         "loads": table,
+        "maitred_tool_calls_known_at_start": {
+            name: [int(r.metrics["tool_calls_known"]) for r in per["maitred"].runs]
+            for name, per in figures.items()
+            if "maitred" in per
+        },
         "ratios": ratio,
     }
     title = f"the same agent programs through each gateway ({args.duration:g} s windows × {args.repeats})"
