@@ -1,9 +1,8 @@
-"""maitred live against its peers: the same agent programs through maitred, sglang-router and
-ThunderAgent, each in front of its own fresh pair of simulated SGLang workers, in one command.
+"""maitred live against sglang-router and ThunderAgent: the same agent programs through each.
 
-Every system runs as its own process on 127.0.0.1, in front of two fresh ``maitred sim-worker``
-processes configured alike for all (GPU and HiCache host tokens, time scale; the write and
-eviction policies ``maitred sglang-args`` launches SGLang with):
+One command runs every system as its own process on 127.0.0.1, each in front of its own two
+fresh ``maitred sim-worker`` processes, configured alike for all (GPU and HiCache host tokens,
+time scale; the write and eviction policies ``maitred sglang-args`` launches SGLang with):
 
 - ``maitred``: ``maitred serve`` with its default policy and ``--priority`` (as ``maitred
   sglang-args`` pairs it with those workers), a fresh SQLite store; the agents send ``program_id``
