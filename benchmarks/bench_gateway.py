@@ -32,7 +32,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from contextlib import ExitStack
@@ -40,26 +39,12 @@ from typing import Any
 
 import httpx
 import numpy as np
+from peers import router_installed, spawn, start_router
 from reference import reference_s
 
 from maitred.harness.background import free_port, wait_http
 
 BODY = {"model": "sim", "messages": [{"role": "user", "content": "ping " * 20}], "max_tokens": 1}
-
-
-def spawn(stack: ExitStack, argv: list[str]) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def stop() -> None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-    stack.callback(stop)
-    return proc
 
 
 def start_workers(stack: ExitStack, n: int, time_scale: float) -> list[str]:
@@ -94,49 +79,6 @@ def start_gateway(stack: ExitStack, workers: list[str]) -> str:
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/healthz", timeout_s=60, process=proc)
     return url
-
-
-def start_router(stack: ExitStack, workers: list[str]) -> str | None:
-    try:
-        import sglang_router  # noqa: F401
-    except ImportError:
-        print("sglang-router is not installed (pip install sglang-router); its column is left out", file=sys.stderr)
-        return None
-    port = free_port()
-    proc = spawn(
-        stack,
-        [
-            sys.executable,
-            "-m",
-            "sglang_router.launch_router",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--policy",
-            "cache_aware",
-            "--log-level",
-            "error",
-            "--worker-urls",
-            *workers,
-        ],
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:  # the router registers workers in the background: wait until it lists both healthy
-        if proc.poll() is not None:
-            raise RuntimeError(f"sglang-router exited with status {proc.returncode}")
-        try:
-            listed = httpx.get(url + "/workers", timeout=1).json()
-            entries = listed.get("workers", listed) if isinstance(listed, dict) else listed
-            healthy = [w for w in entries if isinstance(w, dict) and w.get("is_healthy", w.get("healthy", False))]
-            if len(healthy) >= len(workers):
-                return url
-        except (httpx.HTTPError, ValueError):
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError("sglang-router did not report both workers healthy within 60 s")
-        time.sleep(0.2)
 
 
 def body_for(target: str, i: int, programs: int) -> dict[str, Any]:
@@ -302,7 +244,7 @@ def main() -> None:
     with ExitStack() as stack:
         workers = start_workers(stack, 2, args.time_scale)
         gateway = start_gateway(stack, workers)
-        router = start_router(stack, workers)
+        router = start_router(stack, workers)[0] if router_installed() else None
         urls = {"direct": workers[0], "gateway": gateway}
         if router:
             urls["sglang_router"] = router

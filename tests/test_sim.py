@@ -543,6 +543,28 @@ def test_synthetic_tool_scale_and_subagents():
         SyntheticSpec(tool_scale=0)
 
 
+def test_synthetic_context_scale_grows_each_programs_own_context_only():
+    """context_scale multiplies a program's own context (its start and each step's growth) and
+    leaves the agents' shared prompts, the outputs and the tools as they were."""
+    base = generate(SyntheticSpec(programs=30, seed=1))
+    long = generate(SyntheticSpec(programs=30, seed=1, context_scale=2))
+    assert long.prefix_tokens == base.prefix_tokens
+    for p, q in zip(base.programs, long.programs):
+        assert [s.output_tokens for s in p.steps] == [s.output_tokens for s in q.steps]
+        assert [s.tools for s in p.steps] == [s.tools for s in q.steps]
+        prefix = base.prefix_tokens[p.steps[0].agent]
+        own = [s.input_tokens - prefix for s in p.steps if s.agent == p.steps[0].agent]
+        scaled = [s.input_tokens - prefix for s in q.steps if s.agent == q.steps[0].agent]
+        outputs = [0, *(s.output_tokens for s in p.steps)]
+        for k, (a, b) in enumerate(zip(own, scaled)):
+            # each step adds int(2 × growth), not 2 × int(growth): at most one token more per step
+            before = a - sum(outputs[: k + 1])
+            assert 2 * before <= b - sum(outputs[: k + 1]) <= 2 * before + k
+    assert generate(SyntheticSpec(programs=30, seed=1, context_scale=1.0)) == base
+    with pytest.raises(ValueError, match="context_scale"):
+        SyntheticSpec(context_scale=0)
+
+
 def test_built_in_profiles_load_by_name_and_follow_their_sources():
     """The 70B profile's KV per token is Llama-3.1-70B's shape (2 × 80 layers × 8 heads × 128 × 2 B)."""
     assert EngineProfile.load("h100-7b") == PROFILE

@@ -20,6 +20,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from maitred.gateway.sglang.launch import write_policy_for
 from maitred.harness.background import BackgroundServer
 from maitred.middleware.emitter import EmitterSettings
 from maitred.runtime.admission import HOLD_TIMEOUT_S
-from maitred.sim.traces import ProgramTrace
+from maitred.sim.traces import ProgramTrace, Trace
 from maitred.sim.traces.synthetic import SyntheticSpec, generate
 from maitred.sim.worker.app import create_app
 from maitred.sim.worker.config import SimWorkerConfig
@@ -81,6 +82,8 @@ class RunSummary:
     ttft_s: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    output_tokens: int = 0  # of the requests that completed (before the deadline, with one)
+    completed: int = 0  # model requests answered in full
     errors: int = 0
     tiers: list[tuple[float, dict[str, int]]] = field(default_factory=list)  # (seconds since start, programs per tier)
     metrics: dict[str, float] = field(default_factory=dict)
@@ -95,6 +98,25 @@ class RunSummary:
         return ordered[min(int(q * len(ordered)), len(ordered) - 1)] if ordered else float("nan")
 
 
+@dataclass(frozen=True)
+class Target:
+    """Where the agents send their model requests and how each names its program there, so the
+    same workload can run through maitred and through the gateways it is compared with.
+
+    maitred (and ThunderAgent) read ``program_id`` in the body; sglang-router's manual policy
+    reads a routing-key header; its other policies read nothing. ``instrumented`` wraps each
+    program and tool call in ``maitred.program``/``maitred.tool_call`` (events to wherever
+    ``maitred.configure`` sent them); a peer has no use for them. ``release_path``: a route the
+    agent POSTs ``{"program_id": ...}`` to when its program ends (ThunderAgent's clients free its
+    bookkeeping that way; maitred learns it from the ``program.end`` event)."""
+
+    url: str
+    program_id_in_body: bool = True
+    program_header: str | None = None
+    instrumented: bool = True
+    release_path: str | None = None
+
+
 def _words(seed: int, n: int) -> str:
     """``n`` words of four characters, one token each for the simulated worker, and about what
     a real tokenizer makes of English (so the gateway's estimate before the first answer is sane)."""
@@ -103,7 +125,9 @@ def _words(seed: int, n: int) -> str:
 
 
 class _Agent:
-    """One traced program replayed against the gateway, as an instrumented agent would run."""
+    """One traced program replayed against a target, as an instrumented agent would run, until
+    its steps are done or the ``deadline`` (``time.monotonic()``) passes: then it stops at once,
+    a stream in flight closed and not counted, a tool sleep cut short."""
 
     def __init__(
         self,
@@ -111,43 +135,77 @@ class _Agent:
         pid: str,
         trace: ProgramTrace,
         prefix: dict[str, int],
-        url: str,
-        cfg: LiveDemoConfig,
+        target: Target,
+        steps: int,
+        time_scale: float,
         run: RunSummary,
         lock: threading.Lock,
+        deadline: float | None = None,
     ) -> None:
-        self.index = index
-        self.pid, self.trace, self.prefix, self.url, self.cfg, self.run, self.lock = pid, trace, prefix, url, cfg, run, lock
+        self.index, self.pid, self.trace, self.prefix, self.target = index, pid, trace, prefix, target
+        self.steps, self.time_scale, self.run, self.lock, self.deadline = steps, time_scale, run, lock, deadline
+
+    def _left_s(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
 
     def __call__(self) -> None:
-        steps = self.trace.steps[: self.cfg.steps]
+        steps = self.trace.steps[: self.steps]
         agent = steps[0].agent
         messages: list[dict[str, Any]] = [{"role": "system", "content": _words(len(agent), self.prefix.get(agent, 0))}]
         size = self.prefix.get(agent, 0)
-        with httpx.Client(base_url=self.url, timeout=300) as client, maitred.program(self.pid, agent=agent, framework="demo"):
+        instrumented = self.target.instrumented
+        headers = {self.target.program_header: self.pid} if self.target.program_header else {}
+        with (
+            httpx.Client(base_url=self.target.url, timeout=300, headers=headers) as client,
+            maitred.program(self.pid, agent=agent, framework="demo") if instrumented else nullcontext(),
+        ):
             for k, step in enumerate(steps):
                 messages.append({"role": "user", "content": _words(self.index * 100 + k, step.input_tokens - size)})
-                reply, size = self._model_step(client, messages, step.output_tokens), step.input_tokens + step.output_tokens
+                reply = self._model_step(client, messages, step.output_tokens)
+                if reply is None:
+                    return
+                size = step.input_tokens + step.output_tokens
                 messages.append({"role": "assistant", "content": reply})
                 for tool in step.tools:
-                    with maitred.tool_call(tool.name, timeout=tool.deadline_s, signature=tool.signature):
-                        time.sleep(tool.duration_s * self.cfg.time_scale)
+                    with (
+                        maitred.tool_call(tool.name, timeout=tool.deadline_s, signature=tool.signature)
+                        if instrumented
+                        else nullcontext()
+                    ):
+                        wait_s = tool.duration_s * self.time_scale
+                        time.sleep(max(min(wait_s, self._left_s()), 0.0))
+                    if self._left_s() <= 0:
+                        return
+            if self.target.release_path:
+                try:
+                    client.post(self.target.release_path, json={"program_id": self.pid}).raise_for_status()
+                except httpx.HTTPError:
+                    with self.lock:
+                        self.run.errors += 1
 
-    def _model_step(self, client: httpx.Client, messages: list[dict[str, Any]], output_tokens: int) -> str:
+    def _model_step(self, client: httpx.Client, messages: list[dict[str, Any]], output_tokens: int) -> str | None:
+        """The reply's text ("" after an error, counted), or None when the deadline came first."""
+        if self._left_s() <= 0:
+            return None
         body = {
             "model": "sim",
-            "program_id": self.pid,
             "messages": messages,
             "max_tokens": max(output_tokens, 1),
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if self.target.program_id_in_body:
+            body["program_id"] = self.pid
         started, first, text = time.perf_counter(), None, []
         usage: dict[str, Any] = {}
+        # a request held by the gateway sends nothing: waiting for a line must end at the deadline too
+        timeout = httpx.Timeout(300.0, read=min(300.0, max(self._left_s(), 0.01)))
         try:
-            with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            with client.stream("POST", "/v1/chat/completions", json=body, timeout=timeout) as r:
                 r.raise_for_status()
                 for line in r.iter_lines():
+                    if self._left_s() <= 0:
+                        return None
                     if not line.startswith("data: {"):
                         continue
                     chunk = orjson.loads(line[6:])
@@ -157,15 +215,50 @@ class _Agent:
                         text.append(choice.get("delta", {}).get("content") or "")
                     usage = chunk.get("usage") or usage
         except httpx.HTTPError:
+            if self._left_s() <= 0:
+                return None
             with self.lock:
                 self.run.errors += 1
             return ""
         with self.lock:
             if first is not None:
                 self.run.ttft_s.append(first)
+            self.run.completed += 1
             self.run.prompt_tokens += usage.get("prompt_tokens", 0)
+            self.run.output_tokens += usage.get("completion_tokens", 0)
             self.run.cached_tokens += (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
         return "".join(text)
+
+
+def drive(
+    target: Target,
+    trace: Trace,
+    run: RunSummary,
+    *,
+    slots: int,
+    steps: int,
+    time_scale: float,
+    deadline: float | None = None,
+    pid_prefix: str = "",
+) -> None:
+    """Run the trace's programs through ``target``, ``slots`` at a time, each slot in its own
+    thread: slot ``i`` runs programs ``i``, ``i + slots``, ... one after the other (a new
+    program as soon as one ends, as a fleet of agents would), until they are done or the
+    ``deadline`` passes. Program ids are ``pid_prefix`` and the program's index."""
+    lock = threading.Lock()
+
+    def slot(i: int) -> None:
+        for index in range(i, len(trace.programs), slots):
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            program = trace.programs[index]
+            _Agent(index, f"{pid_prefix}{index}", program, trace.prefix_tokens, target, steps, time_scale, run, lock, deadline)()
+
+    threads = [threading.Thread(target=slot, args=(i,), name=f"agent-{i}") for i in range(min(slots, len(trace.programs)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def _sample_tiers(url: str, run: RunSummary, started: float, stop: threading.Event) -> None:
@@ -211,21 +304,20 @@ def run_policy(policy: str, cfg: LiveDemoConfig, db_url: str | None, progress: C
         gateway = build_app(ServeConfig([w0.url, w1.url], db_url=db_url, runtime=runtime, wait_for_workers_s=30))
         with BackgroundServer(gateway.app) as server:
             maitred.configure(runtime_url=server.url, settings=EmitterSettings(interval_s=0.05))
-            lock, stop = threading.Lock(), threading.Event()
+            stop = threading.Event()
             started = time.monotonic()
             sampler = threading.Thread(target=_sample_tiers, args=(server.url, run, started, stop), daemon=True)
             sampler.start()
-            agents = [
-                threading.Thread(
-                    target=_Agent(i, f"{policy}-{i}", p, trace.prefix_tokens, server.url, cfg, run, lock), name=f"agent-{i}"
-                )
-                for i, p in enumerate(trace.programs)
-            ]
-            progress(f"{policy}: {len(agents)} programs through the gateway to {_workers_seen(gateway.runtime)} ...")
-            for a in agents:
-                a.start()
-            for a in agents:
-                a.join()
+            progress(f"{policy}: {len(trace.programs)} programs through the gateway to {_workers_seen(gateway.runtime)} ...")
+            drive(
+                Target(server.url),
+                trace,
+                run,
+                slots=len(trace.programs),
+                steps=cfg.steps,
+                time_scale=cfg.time_scale,
+                pid_prefix=f"{policy}-",
+            )
             run.wall_s = time.monotonic() - started
             stop.set()
             sampler.join()

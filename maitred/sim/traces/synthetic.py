@@ -66,6 +66,7 @@ class SyntheticSpec:
     deadlines: float = 0.5  # share of tool calls that declare a deadline (Bash's timeout)
     subagents: float = 0.0  # share of idle phases spent waiting on a subagent (Agent tool)
     tool_scale: float = 1.0  # every tool duration times this
+    context_scale: float = 1.0  # every program's own context (its start and each step's growth) times this
 
     def __post_init__(self) -> None:
         if not (1 <= self.programs <= MAX_PROGRAMS and 1 <= self.min_steps <= self.max_steps <= MAX_STEPS):
@@ -75,6 +76,8 @@ class SyntheticSpec:
                 raise ValueError(f"{name} must be a share in [0, 1]")
         if not 0 < self.tool_scale <= 100:
             raise ValueError("tool_scale must be in (0, 100]")
+        if not 0 < self.context_scale <= 100:
+            raise ValueError("context_scale must be in (0, 100]")
 
 
 def short_duration(rng: random.Random) -> float:
@@ -131,7 +134,7 @@ def _program(index: int, rng: random.Random, spec: SyntheticSpec) -> ProgramTrac
     agent = "planner" if multi else "claude-code"
     handoff_at = rng.randint(3, max(3, n_steps // 3)) if multi else None
     wait_at = rng.randrange(n_steps) if rng.random() < spec.human_waits else None
-    context = PREFIX[agent] + rng.randint(500, 3_000)
+    context = PREFIX[agent] + int(rng.randint(500, 3_000) * spec.context_scale)
     steps = []
     for i in range(n_steps):
         handoff_tokens = None
@@ -144,7 +147,7 @@ def _program(index: int, rng: random.Random, spec: SyntheticSpec) -> ProgramTrac
         tools = (_tool(rng, durations[i], spec),) if i < n_steps - 1 else ()
         wait = math.exp(rng.gauss(math.log(30), 1.0)) if i == wait_at else 0.0
         steps.append(Step(agent, context, output, tools, wait, handoff_tokens))
-        context += output + int(min(max(math.exp(rng.gauss(math.log(500), 1.0)), 20), 20_000))
+        context += output + int(min(max(math.exp(rng.gauss(math.log(500), 1.0)), 20), 20_000) * spec.context_scale)
     return ProgramTrace(f"synthetic-{index}", tuple(steps))
 
 
