@@ -41,6 +41,8 @@ from typing import Any
 import httpx
 from reference import reference_s
 
+from maitred.flags import positive, whole
+
 sys.path.insert(0, str(Path(__file__).parents[1]))  # the scale tests' harness, one copy of it
 from tests.helpers import throwaway_schemas, wait_until
 from tests.scale.harness import PairedShard, Sharded, balancer_binary, start_paired_sharded, start_sharded
@@ -120,16 +122,22 @@ async def drive_takeover(url: str, args: argparse.Namespace, kill: Callable[[], 
     half = args.programs * args.steps // 2
     gate = asyncio.Semaphore(args.concurrency)
 
+    async def post(client: httpx.AsyncClient, path: str, body: Any, pid: str, what: str) -> bool:
+        """POST ``body`` as program ``pid``; a failure or a non-200 answer is noted as a problem."""
+        try:
+            r = await client.post(url + path, json=body, headers={"x-program-id": pid})
+        except httpx.HTTPError as exc:
+            seen.problems.append(f"{pid} {what}: {type(exc).__name__}: {exc}")
+            return False
+        if r.status_code != 200:
+            seen.problems.append(f"{pid} {what}: {r.status_code} {r.text[:200]}")
+            return False
+        return True
+
     async def call(client: httpx.AsyncClient, pid: str, step: int) -> None:
         body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": f"step {step} of {pid}"}]}
         started = time.perf_counter()
-        try:
-            r = await client.post(url + "/v1/chat/completions", json=body, headers={"x-program-id": pid})
-        except httpx.HTTPError as exc:
-            seen.problems.append(f"{pid} call {step}: {type(exc).__name__}: {exc}")
-            return
-        if r.status_code != 200:
-            seen.problems.append(f"{pid} call {step}: {r.status_code} {r.text[:200]}")
+        if not await post(client, "/v1/chat/completions", body, pid, f"call {step}"):
             return
         now = time.perf_counter()
         seen.answered.append((pid, now))
@@ -144,15 +152,8 @@ async def drive_takeover(url: str, args: argparse.Namespace, kill: Callable[[], 
             {"type": "tool.start", "ts": now, "program_id": pid, "call_id": call_id, "tool": "pytest"},
             {"type": "tool.end", "ts": now + 0.001, "program_id": pid, "call_id": call_id, "status": "ok"},
         ]
-        try:
-            r = await client.post(url + "/v1/events", json=batch, headers={"x-program-id": pid})
-        except httpx.HTTPError as exc:
-            seen.problems.append(f"{pid} events {step}: {type(exc).__name__}: {exc}")
-            return
-        if r.status_code != 200:
-            seen.problems.append(f"{pid} events {step}: {r.status_code} {r.text[:200]}")
-            return
-        seen.events_answered += len(batch)
+        if await post(client, "/v1/events", batch, pid, f"events {step}"):
+            seen.events_answered += len(batch)
 
     async def program(client: httpx.AsyncClient, pid: str) -> None:
         async with gate:
@@ -203,13 +204,19 @@ def run_standby(args: argparse.Namespace) -> dict[str, Any]:
         }
 
 
+def _shard_counts(text: str) -> list[int]:
+    """``--shards``: comma-separated counts, each 1 to 16 (every shard is three processes here)."""
+    count = whole(1, 16)
+    return [count(part.strip()) for part in text.split(",") if part.strip()] or [count("")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shards", default="2,3,4", help="shard counts to run, comma-separated")
-    parser.add_argument("--programs", type=int, default=200)
-    parser.add_argument("--steps", type=int, default=5, help="model calls per program")
-    parser.add_argument("--concurrency", type=int, default=32, help="programs calling at once")
-    parser.add_argument("--time-scale", type=float, default=1000.0, help="simulated workers run this much faster than a GPU")
+    parser.add_argument("--shards", type=_shard_counts, default="2,3,4", help="shard counts to run, comma-separated")
+    parser.add_argument("--programs", type=whole(1, 100_000), default=200)
+    parser.add_argument("--steps", type=whole(1, 1_000), default=5, help="model calls per program")
+    parser.add_argument("--concurrency", type=whole(1, 10_000), default=32, help="programs calling at once")
+    parser.add_argument("--time-scale", type=positive(), default=1000.0, help="simulated workers run this much faster than a GPU")
     parser.add_argument("--standby", action="store_true", help="two shards of a holder and a standby; a holder killed mid-run")
     parser.add_argument("--db", help="with --standby: a PostgreSQL URL; the run uses schemas of its own there, dropped after")
     args = parser.parse_args()
@@ -230,7 +237,7 @@ def main() -> None:
         )
         print(json.dumps(result))
         return
-    result["runs"] = [run(int(count), args) for count in args.shards.split(",")]
+    result["runs"] = [run(count, args) for count in args.shards]
     for row in result["runs"]:
         print(
             f"{row['shards']} shards: {row['calls_per_s']} calls/s, p50 {row['latency_ms_p50']} ms, "

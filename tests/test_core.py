@@ -1,5 +1,6 @@
 """The rules ``RuntimeCore`` owns, each exercised through the gateway and the replay alike."""
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -8,7 +9,7 @@ import pytest
 
 from maitred.events import LLMEnd, ToolStart
 from maitred.gateway.app import ServeConfig, build_app
-from maitred.gateway.loop import LiveConfig, LiveDriver
+from maitred.gateway.loop import Admission, LiveConfig, LiveDriver
 from maitred.gateway.sglang.client import SGLangClient
 from maitred.harness.background import BackgroundServer, free_port
 from maitred.runtime.admission import EPOCH_SPAN, HOLD_TIMEOUT_S, encode_priority
@@ -227,6 +228,14 @@ def test_a_request_refused_for_want_of_workers_leaves_no_program_behind():
         assert httpx.get(server.url + "/v1/programs", timeout=10).json() == []
 
 
+async def _held_request(runtime: LiveDriver) -> "asyncio.Task[Admission]":
+    """A request of the 50,000-token program "big", once the gateway holds it."""
+    waiting = asyncio.create_task(runtime.admit("big", request_id="r1", agent=None, model=None, prompt_tokens=50_000))
+    while "big" not in runtime.core.held:
+        await asyncio.sleep(0.01)
+    return waiting
+
+
 async def _held_driver(sim: SimWorkerThread, client: httpx.AsyncClient) -> LiveDriver:
     runtime = LiveDriver({sim.url: SGLangClient(sim.url, client)}, LiveConfig(tick_s=0.2, poll_s=0.2))
     await runtime.start(wait_for_workers_s=10)
@@ -244,9 +253,7 @@ async def test_a_held_request_whose_client_leaves_stops_wanting_the_gpu():
         async with httpx.AsyncClient() as client:
             runtime = await _held_driver(sim, client)
             try:
-                waiting = asyncio.create_task(runtime.admit("big", request_id="r1", agent=None, model=None, prompt_tokens=50_000))
-                while "big" not in runtime.core.held:
-                    await asyncio.sleep(0.01)
+                waiting = await _held_request(runtime)
                 waiting.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await waiting
@@ -269,9 +276,7 @@ async def test_a_program_that_ends_while_held_has_its_request_let_through():
         async with httpx.AsyncClient() as client:
             runtime = await _held_driver(sim, client)
             try:
-                waiting = asyncio.create_task(runtime.admit("big", request_id="r1", agent=None, model=None, prompt_tokens=50_000))
-                while "big" not in runtime.core.held:
-                    await asyncio.sleep(0.01)
+                waiting = await _held_request(runtime)
                 runtime.ingest([ProgramEnd(ts=runtime.clock(), program_id="big")])
                 admission = await asyncio.wait_for(waiting, 10)
                 assert admission.worker == sim.url and admission.waited_s < 10 and runtime.core.forced == 1
@@ -290,9 +295,7 @@ async def test_a_program_moved_away_while_held_has_its_request_let_through_and_i
         async with httpx.AsyncClient() as client:
             runtime = await _held_driver(sim, client)
             try:
-                waiting = asyncio.create_task(runtime.admit("big", request_id="r1", agent=None, model=None, prompt_tokens=50_000))
-                while "big" not in runtime.core.held:
-                    await asyncio.sleep(0.01)
+                waiting = await _held_request(runtime)
                 runtime.moved_away("big")
                 admission = await asyncio.wait_for(waiting, 10)
                 assert admission.worker == sim.url and runtime.core.forced == 1

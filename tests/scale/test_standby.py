@@ -20,16 +20,7 @@ from maitred.harness.background import free_port, wait_http
 from maitred.harness.standby import ShardPair, chat, takeover
 from maitred.storage import SessionStore
 from tests.conftest import POSTGRES_URL
-from tests.helpers import TcpProxy, throwaway_schemas, wait_until
-
-
-@pytest.fixture
-def schema_url() -> Iterator[Callable[[], str]]:
-    """A maker of store URLs, each on a fresh schema of the test PostgreSQL."""
-    if not POSTGRES_URL:
-        pytest.skip("MAITRED_TEST_POSTGRES_URL is not set (CI sets it)")
-    with throwaway_schemas(POSTGRES_URL, "lease") as make:
-        yield make
+from tests.helpers import TcpProxy, wait_until
 
 
 @pytest.fixture

@@ -16,8 +16,7 @@ from contextlib import ExitStack
 import pytest
 
 import maitred
-from tests.conftest import POSTGRES_URL
-from tests.helpers import throwaway_schemas, wait_until
+from tests.helpers import wait_until
 from tests.scale.harness import PairedShard, Sharded, require_balancer, start_paired_sharded
 from tests.scale.load import MODEL_CALLS, ROUND, programs, run_round, settle
 
@@ -26,15 +25,6 @@ SHARDS = 2
 CUT_STREAM = "incomplete chunked read"
 PROGRAMS = 20
 ROUNDS = 5
-
-
-@pytest.fixture
-def schema_url() -> Iterator[Callable[[], str]]:
-    """A maker of store URLs, each on a fresh schema of the test PostgreSQL."""
-    if not POSTGRES_URL:
-        pytest.skip("MAITRED_TEST_POSTGRES_URL is not set (CI sets it)")
-    with throwaway_schemas(POSTGRES_URL, "standbylb") as make:
-        yield make
 
 
 @pytest.fixture
