@@ -14,6 +14,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -97,6 +98,9 @@ def browser() -> Iterator[Callable[[str, Callable[[Page], Any]], Any]]:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            # its own process group: Chromium's renderer, GPU and crash handler processes go with
+            # it, instead of writing into the profile while it is being removed
+            start_new_session=True,
         )
         try:
             _wait_devtools(port, process)
@@ -106,7 +110,7 @@ def browser() -> Iterator[Callable[[str, Callable[[Page], Any]], Any]]:
 
             yield visit
         finally:
-            process.kill()
+            os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=30)
 
 
