@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from maitred.events import Handoff, LLMEnd, LLMStart
+from maitred.events import Handoff, LLMEnd, LLMStart, ProgramStart
 from maitred.runtime import POLICIES, Phase, Scheduler, SignalConfig, Tier, make_policy
 from maitred.runtime.core import RuntimeCore
 from maitred.runtime.policies.maitred import OVERDUE_S
@@ -173,6 +173,22 @@ def test_an_agents_prefix_is_its_shortest_first_prompt():
     assert st_.agent_prefix_tokens["claude-code"] == 9_400
 
 
+def test_an_agents_prefix_is_learned_when_its_agent_comes_after_the_first_request():
+    """Through the gateway a request names no agent; the middleware's ``program.start`` that
+    does can come after the first request, even after the second: the first prompt is what the
+    agent's prefix is learned from, whenever the agent becomes known."""
+    st_ = state([("w0", 100_000, 0)], [])
+    st_.request_arrived("a", NOW, agent=None, prompt_tokens=10_700)
+    assert "claude-code" not in st_.agent_prefix_tokens
+    st_.apply(ProgramStart(ts=NOW, program_id="a", agent="claude-code"))
+    assert st_.agent_prefix_tokens["claude-code"] == 10_700
+    st_.request_arrived("b", NOW, agent=None, prompt_tokens=9_400)
+    st_.apply(LLMEnd(ts=NOW + 1, program_id="b", request_id="r", prompt_tokens=9_400, completion_tokens=100))
+    st_.request_arrived("b", NOW + 2, agent=None, prompt_tokens=9_900)
+    st_.apply(ProgramStart(ts=NOW + 2, program_id="b", agent="claude-code"))
+    assert st_.agent_prefix_tokens["claude-code"] == 9_400
+
+
 def test_with_write_back_the_host_pool_adds_to_the_gpu_in_the_tier_cap():
     """The same four acting programs (busy share 0.25, 0.9 / 0.25 = 3.6). With write-through a
     host pool the size of the GPU only mirrors it (cap 1 + 0.4 headroom); with write-back it
@@ -245,16 +261,17 @@ def test_without_overcommit_maitred_keeps_its_gpu_tier_within_the_gpu(case):
 
 
 def test_maitred_places_a_new_program_at_arrival_only_into_room_free_now():
-    """w0: 10,000 GPU and 10,000 host tokens. a (8,000, idle) and b (7,000, busy) already hold
-    15,000, more than the tier's 14,000 cap: a newcomer of 5,000 would need a demotion first, so
-    it waits for the step (placing it at arrival would leave the tier at 20,000). With b gone,
+    """w0: 10,000 GPU and 10,000 host tokens. a (8,000, idle) and b (7,000, busy, mid-step)
+    already hold 15,000, more than the tier's 14,000 cap: a newcomer of 5,000 would need a
+    demotion first, and does not fit beside b's running request either, so it waits for the step
+    (placing it at arrival would leave the tier at 20,000). With b gone,
     a alone (busy share 0.1) leaves 6,000 free in the 14,000 tier: the newcomer is placed at
     once — but not while another program waits for the GPU outside its tier. The tier is the
     size the last step planned (``tier_tokens``), so the arrival rule reads no other program."""
 
     def case(*, with_b=True, waiting=False):
         a = program("a", tokens=7_488, home="w0", tier=Tier.GPU, cycles=[(1, 9)] * 4)
-        b = program("b", tokens=6_488, home="w0", tier=Tier.GPU, cycles=[(9, 1)] * 4)
+        b = program("b", tokens=6_488, phase=Phase.REASONING, home="w0", tier=Tier.GPU, cycles=[(9, 1)] * 4)
         held = program("held", tokens=488, phase=Phase.REASONING, home="w0", tier=Tier.CPU)
         new = program("new", tokens=4_488, phase=Phase.REASONING)
         ps = [a, new] + ([b] if with_b else []) + ([held] if waiting else [])
@@ -272,19 +289,63 @@ def test_maitred_places_a_new_program_at_arrival_only_into_room_free_now():
     assert policy.admit_at_arrival(case(with_b=False, waiting=True), "new") is None
 
 
+def test_maitred_admits_beside_the_running_requests_of_a_write_through_worker():
+    """w0: 20,000 GPU and 40,000 host tokens (write-through: every GPU block has a host copy),
+    its GPU tier over full with idle programs (six of 3,488 +512 in a tier of 20,000 before any
+    step). A newcomer of 4,000 and a program back from its tool whose KV was demoted (4,000), both
+    of agent coder, go at once: nothing runs on w0, and the idle KV leaves the GPU for nothing.
+    Beside three running requests of coder (3 × 5,488, its 4,000-token system prompt counted once:
+    8,464 running, and the two need 512 each, their prompt's prefix being there) they still fit
+    18,000 (0.9 of the GPU); beside three of other agents (16,464 running, 4,000 each) they do
+    not, and wait for a step. On a write-back worker they wait: an eviction there is a
+    copy the scheduler waits for."""
+
+    def case(*, running_agents=(), write_back=False):
+        idle = [program(f"i{k}", tokens=3_488, home="w0", tier=Tier.GPU, cycles=[(1, 9)] * 4) for k in range(6)]
+        busy = [
+            program(f"r{k}", tokens=5_488, phase=Phase.REASONING, home="w0", tier=Tier.GPU, agent=agent)
+            for k, agent in enumerate(running_agents)
+        ]
+        new = program("new", tokens=3_488, phase=Phase.REASONING, agent="coder")
+        back = program("back", tokens=3_488, phase=Phase.REASONING, home="w0", tier=Tier.CPU, cycles=[(1, 9)] * 4)
+        ps = [*idle, *busy, new, back]
+        for p in ps:
+            p.phase_since = NOW
+        st_ = state([("w0", 20_000, 40_000)], ps)
+        st_.workers["w0"].write_back = write_back
+        st_.agent_prefix_tokens.update(dict.fromkeys(("coder", "tester", "planner", "reviewer"), 4_000))
+        return st_.view(NOW, lazy=True)
+
+    policy = make_policy("maitred")
+    for agents, admitted in (((), True), (("coder",) * 3, True), (("tester", "planner", "reviewer"), False)):
+        back = policy.admit_at_arrival(case(running_agents=agents), "back")
+        assert (back is not None) is admitted, agents
+        if back is not None:
+            assert [(m.program_id, m.dst) for m in back.tier_moves] == [("back", Tier.GPU)] and back.admitted == {"back"}
+        view = case(running_agents=agents)
+        view.totals.wanting_off_gpu -= 1  # "back" alone would make the newcomer jump a queue
+        new = policy.admit_at_arrival(view, "new")
+        assert (new is not None) is admitted, agents
+        if new is not None:
+            assert [(a.program_id, a.worker) for a in new.assignments] == [("new", "w0")]
+    assert policy.admit_at_arrival(case(write_back=True), "back") is None
+
+
 def test_the_live_state_admits_at_once_within_the_tier_maitred_planned_beyond_the_gpu():
     """After a maitred step sized w0's tier beyond its 10,000-token GPU (two idle programs of
-    4,488 +512: busy share 0.1), a host-tier program of 1,488 (+512) whose tool just returned is
-    admitted at once by maitred's arrival rule (``RuntimeCore.arrive``, both drivers' path, no
-    wait for a step): 12,000 planned in a 24,000-token tier. Before any step the tier is the
-    GPU, and the same request is held."""
+    4,488 +512 and one of 7,488 +512 that has just started a step: busy share 0.1), a host-tier
+    program of 1,488 (+512) whose tool just returned is admitted at once by maitred's arrival
+    rule (``RuntimeCore.arrive``, both drivers' path, no wait for a step): 20,000 planned in a
+    24,000-token tier. Before any step the tier is the GPU, the request does not fit beside the
+    running one either, and it is held."""
 
     def case():
         idle = [program(f"i{k}", tokens=4_488, home="w0", tier=Tier.GPU, cycles=[(1, 9)] * 4) for k in range(2)]
+        running = program("run", tokens=7_488, phase=Phase.REASONING, home="w0", tier=Tier.GPU, cycles=[(1, 9)] * 4)
         back = program("back", tokens=1_488, home="w0", tier=Tier.CPU, cycles=[(1, 9)] * 4)
-        for p in (*idle, back):
+        for p in (*idle, running, back):
             p.phase_since = NOW
-        return state([("w0", 10_000, 20_000)], [*idle, back])
+        return state([("w0", 10_000, 20_000)], [*idle, running, back])
 
     fresh = case()
     assert RuntimeCore(fresh, "maitred").arrive("back", NOW + 1).worker is None

@@ -62,6 +62,8 @@ class ProgramState:
     # waiting on a child counts, until the work reports back. Cleared by the next phase change.
     awaiting_background: bool = False
     context_tokens: int = 0
+    #: the program's first prompt (mostly its agent's system prompt), kept until its agent is known
+    first_prompt_tokens: int | None = None
     model: str | None = None
     adapter: str | None = None
     adapter_version: str | None = None

@@ -441,6 +441,7 @@ class RuntimeState:
     def _program_start(self, e: ProgramStart) -> None:
         p = self.program_for(e)
         p.agent = e.agent or p.agent
+        self._agent_prefix(p)
         p.parent_program_id = e.parent_program_id
         if e.parent_program_id is not None:
             self._children.setdefault(e.parent_program_id, set()).add(e.program_id)
@@ -493,10 +494,19 @@ class RuntimeState:
     def _learn_prefix(self, p: ProgramState, prompt_tokens: int) -> None:
         """An agent's first prompt is (mostly) its system prompt: the prefix a handoff to it
         shares, and its programs on one worker share. The shortest first prompt of its programs
-        is the closest bound on it: each first prompt is that prefix plus the program's task."""
-        if p.agent and not p.cycles:
+        is the closest bound on it: each first prompt is that prefix plus the program's task.
+
+        A program's agent often comes with its ``program.start`` after its first request (the
+        middleware batches events; a request through the gateway names no agent), so the first
+        prompt is kept and learned from once the agent is known (``_agent_prefix``)."""
+        if not p.cycles and p.first_prompt_tokens is None:
+            p.first_prompt_tokens = prompt_tokens
+            self._agent_prefix(p)
+
+    def _agent_prefix(self, p: ProgramState) -> None:
+        if p.agent and p.first_prompt_tokens is not None:
             known = self.agent_prefix_tokens.get(p.agent)
-            self.agent_prefix_tokens[p.agent] = prompt_tokens if known is None else min(known, prompt_tokens)
+            self.agent_prefix_tokens[p.agent] = p.first_prompt_tokens if known is None else min(known, p.first_prompt_tokens)
 
     def _llm_end(self, e: LLMEnd) -> None:
         p = self.program_for(e)

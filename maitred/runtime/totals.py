@@ -36,6 +36,8 @@ class WorkerTotals:
     homed_programs: int = 0  # programs whose home is this worker (any tier)
     homed_context: int = 0
     homed_off_gpu: int = 0  # homed here but not in the GPU tier (ThunderAgent's paused pool)
+    #: GPU-tier programs mid-step per agent: how often the running set counts each system prompt
+    gpu_reasoning_agents: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass(slots=True)
@@ -53,7 +55,7 @@ class Totals:
     def copy(self) -> "Totals":
         """A copy no later change reaches (for a snapshot): O(workers + agents), not O(programs)."""
         return Totals(
-            {w: replace(t) for w, t in self.workers.items()},
+            {w: replace(t, gpu_reasoning_agents=Counter(t.gpu_reasoning_agents)) for w, t in self.workers.items()},
             self.wanting_off_gpu,
             self.homeless_wanting,
             Counter(self.agent_homes),
@@ -77,6 +79,7 @@ class Totals:
             w.gpu_programs += sign
             if s.reasoning:
                 w.gpu_reasoning_context += sign * s.context
+                w.gpu_reasoning_agents[s.agent] += sign
             else:
                 w.gpu_acting_context += sign * s.context
         else:

@@ -24,7 +24,7 @@ from maitred.runtime.policies.base import final_tiers, finish, healthy_free
 from maitred.runtime.preprefill import choose_warmups, propose
 from maitred.runtime.records import Phase, ProgramState, Tier
 from maitred.runtime.state import View
-from maitred.runtime.tiering import TierPlan, plan_tiers, working_set_capacity
+from maitred.runtime.tiering import TierPlan, plan_tiers, running_room, working_set_capacity
 
 
 class Maitred:
@@ -78,22 +78,27 @@ class Maitred:
 
     def admit_at_arrival(self, view: View, program_id: str) -> Decision | None:
         """A request goes in at once when it fits what the GPU tier (as the last step sized it)
-        has free now, without moving anything:
+        has free now, or, on a write-through worker, the GPU beside the requests running there
+        (``running_room``), without moving anything:
 
         - a program with a healthy home whose KV is in host memory or dropped goes back to that
           home's GPU tier (affinity; no wait for a step: holding costs time to first token at
-          low load);
+          low load); one whose KV is in host memory also when it fits beside what runs there;
         - a new program is placed (TAO's value over the workers) when it also jumps no queue (no
           other program that wants the GPU is outside a GPU tier).
 
         Otherwise the step places it with the waiting pool; the drivers ask for one at once
         (``cadence.urgent_s``). Waiting for a step cost a first request the period: 0.07 against
-        ThunderAgent's 0.06 s mean TTFT at synthetic C = 20, where ThunderAgent admits at arrival."""
+        ThunderAgent's 0.06 s mean TTFT at synthetic C = 20, where ThunderAgent admits at arrival.
+        Beyond its tier a program's GPU tier is over its ceiling, and the next step demotes the
+        most idle programs there, as it does whenever the busy share rises."""
         p = view.programs[program_id]
         free = healthy_free(view, tier_tokens=True)
         weight = p.weight(view.cfg.reserve_tokens)
         if p.home_worker in free:
-            if p.tier is Tier.GPU or weight > free[p.home_worker]:
+            if p.tier is Tier.GPU:
+                return None
+            if weight > free[p.home_worker] and (p.tier is not Tier.CPU or weight > running_room(view, p).get(p.home_worker, 0)):
                 return None
             return Decision(
                 self.name, tier_moves=(TierMove(program_id, p.home_worker, p.tier, Tier.GPU),), admitted=frozenset({program_id})
@@ -101,7 +106,10 @@ class Maitred:
         others = view.totals.wanting_off_gpu - (p.phase is Phase.REASONING and p.tier is not Tier.GPU)
         if others > 0:
             return None
-        placement = place(view, [p], free, reason={program_id: "new" if p.home_worker is None else "failover"})
+        reason = {program_id: "new" if p.home_worker is None else "failover"}
+        placement = place(view, [p], free, reason=reason)
+        if not placement.assignments:
+            placement = place(view, [p], running_room(view, p), reason=reason)
         if not placement.assignments:
             return None
         return Decision(self.name, assignments=placement.assignments, admitted=frozenset({program_id}))
