@@ -68,6 +68,14 @@ class Process:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def kill(self) -> None:
+        """``SIGKILL`` to its whole group, waited for."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
     def stop(self, timeout_s: float = 30.0) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -112,6 +120,12 @@ class Shard:
 
     def programs(self) -> dict[str, ProgramSummary]:
         return stored_programs(self.db_url)
+
+    def kill(self) -> None:
+        """The whole shard gone at once, as when its machine dies: its gateway and its workers
+        (and with them their KV caches) killed with ``SIGKILL``."""
+        for process in (self.gateway, *self.workers):
+            process.kill()
 
 
 @dataclass
