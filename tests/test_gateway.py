@@ -289,9 +289,10 @@ async def test_many_concurrent_streams_are_held_released_and_leave_nothing_behin
 async def test_under_memory_pressure_idle_programs_are_demoted_newcomers_held_and_all_resume(cluster):
     # Each worker holds two of these programs (2,100 tokens of context plus the 512 reserve); the
     # words are four characters, so the gateway's estimate before the first answer is the real size.
-    # Host memory the size of the GPU and no overcommit: maitred's GPU tier is the GPU, so the
-    # idle programs fill it (with more host memory it would admit the newcomers beside them).
-    c = cluster(workers=2, gpu_tokens=6_000, cpu_tokens=6_000, runtime=replace(FAST, hold_timeout_s=1.5, overcommit_headroom=0.0))
+    # No host memory and no overcommit: maitred's GPU tier is the GPU, so the idle programs fill
+    # it, and KV that leaves the GPU is gone. (On a write-through worker with host memory at least
+    # the GPU's, the newcomers would run beside them: idle KV has a host copy there.)
+    c = cluster(workers=2, gpu_tokens=6_000, runtime=replace(FAST, hold_timeout_s=1.5, overcommit_headroom=0.0))
     async with httpx.AsyncClient(base_url=c.url, timeout=60) as client:
         first = [f"a{i}" for i in range(4)]
         histories = {}

@@ -298,9 +298,10 @@ def test_maitred_admits_beside_the_running_requests_of_a_write_through_worker():
     8,464 running, and the two need 512 each, their prompt's prefix being there) they still fit
     18,000 (0.9 of the GPU); beside three of other agents (16,464 running, 4,000 each) they do
     not, and wait for a step. On a write-back worker they wait: an eviction there is a
-    copy the scheduler waits for."""
+    copy the scheduler waits for; nor on a worker whose host memory is smaller than its GPU (a
+    block may have no host copy)."""
 
-    def case(*, running_agents=(), write_back=False):
+    def case(*, running_agents=(), write_back=False, host=40_000):
         idle = [program(f"i{k}", tokens=3_488, home="w0", tier=Tier.GPU, cycles=[(1, 9)] * 4) for k in range(6)]
         busy = [
             program(f"r{k}", tokens=5_488, phase=Phase.REASONING, home="w0", tier=Tier.GPU, agent=agent)
@@ -311,7 +312,7 @@ def test_maitred_admits_beside_the_running_requests_of_a_write_through_worker():
         ps = [*idle, *busy, new, back]
         for p in ps:
             p.phase_since = NOW
-        st_ = state([("w0", 20_000, 40_000)], ps)
+        st_ = state([("w0", 20_000, host)], ps)
         st_.workers["w0"].write_back = write_back
         st_.agent_prefix_tokens.update(dict.fromkeys(("coder", "tester", "planner", "reviewer"), 4_000))
         return st_.view(NOW, lazy=True)
@@ -329,6 +330,7 @@ def test_maitred_admits_beside_the_running_requests_of_a_write_through_worker():
         if new is not None:
             assert [(a.program_id, a.worker) for a in new.assignments] == [("new", "w0")]
     assert policy.admit_at_arrival(case(write_back=True), "back") is None
+    assert policy.admit_at_arrival(case(host=10_000), "back") is None
 
 
 def test_the_live_state_admits_at_once_within_the_tier_maitred_planned_beyond_the_gpu():

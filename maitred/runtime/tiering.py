@@ -217,25 +217,28 @@ def working_set_capacity(view: View) -> dict[str, TierCapacity]:
 
 
 def running_room(view: View, p: ProgramState) -> dict[str, int]:
-    """Per healthy write-through worker, the room ``p``'s request has beside the requests
-    already running there, in the terms placement reads (the request fits where its weight is at
-    most the room): ``busy_margin`` of the GPU less what runs, each agent's system prompt counted
-    once, as the radix cache keeps it, ``p``'s own too when its agent runs there.
+    """Per healthy write-through worker with host memory at least its GPU's, the room ``p``'s
+    request has beside the requests already running there, in the terms placement reads (the
+    request fits where its weight is at most the room): ``busy_margin`` of the GPU less what
+    runs, each agent's system prompt counted once, as the radix cache keeps it, and ``p``'s own
+    prompt's too when its agent runs there.
 
-    On a write-through worker every block on the GPU has a host copy, so KV of an idle
-    program in the GPU tier leaves for nothing and a demoted program comes back at link speed.
-    What the engine cannot do without stalling is run more than its GPU holds at once: that,
-    not the GPU tier, is what a request waits for there. Live (``benchmarks/bench_live.py``,
-    oversubscribed, 60 s): requests of programs back from a tool whose KV had been demoted were
-    held a mean 4.9 s, up to 20 s, while the requests running on their worker used a fifth of its
-    GPU; admitting them here took maitred's mean TTFT from 0.20 to 0.05 s and p99 from 5.3 to
-    1.1 s. Write-back workers get no room here: an eviction there is a copy the scheduler waits
-    for."""
+    On such a worker every block on the GPU has a host copy, so the KV of an idle program in
+    the GPU tier leaves for nothing and a demoted program comes back at link speed. What the
+    engine cannot do without stalling is run more than its GPU holds at once: that, not the GPU
+    tier, is what a request waits for there. Live (``benchmarks/bench_live.py --loads
+    oversubscribed --systems maitred --duration 60``): requests of programs back from a tool
+    whose KV had been demoted were held a mean 4.9 s, up to 20 s, while the requests running on
+    their worker used a fifth of its GPU; admitting them here (with the agents' prefixes learned,
+    ``RuntimeState._learn_prefix``) took maitred's mean TTFT from 0.20 to 0.013 s and p99 from
+    5.3 to 0.15 s, and nothing was held. Write-back workers get no room here (an eviction there
+    is a copy the scheduler waits for), nor workers with less host memory than GPU (a block
+    evicted without a host copy is recomputed)."""
     prefixes, reserve = view.agent_prefix_tokens, view.cfg.reserve_tokens
     prefix = prefixes.get(p.agent or "", 0) if p.agent else 0
     out = {}
     for w in view.healthy_workers():
-        if w.write_back:
+        if w.write_back or w.cpu_tokens < w.gpu_tokens:  # a GPU block may lack a host copy
             continue
         t = view.totals.worker(w.worker_id)
         agents = t.gpu_reasoning_agents
