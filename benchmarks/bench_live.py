@@ -49,6 +49,7 @@ The defaults finish in about ten minutes on two cores; the comparison in BENCHMA
 import argparse
 import json
 import os
+import shlex
 import statistics
 import sys
 import tempfile
@@ -130,6 +131,7 @@ class Setup:
     thunderagent_python: str
     learned_stats: bool
     store_dir: Path
+    maitred_args: tuple[str, ...] = ()
 
 
 def start_workers(stack: ExitStack, setup: Setup, load: Load) -> list[str]:
@@ -149,9 +151,9 @@ def start_workers(stack: ExitStack, setup: Setup, load: Load) -> list[str]:
     return urls
 
 
-def start_maitred(stack: ExitStack, workers: list[str], db: Path) -> tuple[Target, int]:
+def start_maitred(stack: ExitStack, workers: list[str], db: Path, extra: tuple[str, ...] = ()) -> tuple[Target, int]:
     port = free_port()
-    argv = [sys.executable, "-m", "maitred", "serve", "--port", str(port), "--priority", "--log-level", "warning"]
+    argv = [sys.executable, "-m", "maitred", "serve", "--port", str(port), "--priority", "--log-level", "warning", *extra]
     argv += ["--db", f"sqlite:///{db}", *(a for w in workers for a in ("--worker", w))]
     proc = spawn(stack, argv)
     url = f"http://127.0.0.1:{port}"
@@ -163,7 +165,7 @@ def start_maitred(stack: ExitStack, workers: list[str], db: Path) -> tuple[Targe
 def start_system(stack: ExitStack, system: str, workers: list[str], setup: Setup, db: Path) -> tuple[Target, int]:
     """The system in front of ``workers``: the target its agents talk to and the pid whose CPU is counted."""
     if system == "maitred":
-        return start_maitred(stack, workers, db)
+        return start_maitred(stack, workers, db, setup.maitred_args)
     if system == "thunderagent":
         assert setup.thunderagent is not None
         url, proc = start_thunderagent(stack, setup.thunderagent, setup.thunderagent_python, workers)
@@ -307,6 +309,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--learned-stats", action="store_true", help="maitred starts with tool statistics in its store (see above)"
     )
+    parser.add_argument(
+        "--maitred-args",
+        default="",
+        help="more flags for maitred serve, as one shell-quoted string (e.g. \"--stream-flush 0\"; default: none)",
+    )
     args = parser.parse_args(argv)
     for flag, values, known in (("--loads", args.loads, LOADS), ("--systems", args.systems, SYSTEMS)):
         unknown = [v for v in values.split(",") if v not in known]
@@ -352,6 +359,7 @@ def main(argv: list[str] | None = None, progress: Callable[[str], None] | None =
             args.thunderagent_python,
             args.learned_stats,
             Path(tmp),
+            tuple(shlex.split(args.maitred_args)),
         )
         for rep in range(args.repeats):
             for name, load in loads.items():
@@ -377,6 +385,7 @@ def main(argv: list[str] | None = None, progress: Callable[[str], None] | None =
             "time_scale": args.time_scale,
             "seed": args.seed,
             "learned_stats": args.learned_stats,
+            "maitred_args": args.maitred_args,
             "programs": {name: load.programs for name, load in loads.items()},
         },
         "loads": table,
