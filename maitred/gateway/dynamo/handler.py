@@ -73,6 +73,36 @@ def forwarded(request: dict[str, Any], instance_id: int, priority: int | None) -
     return out
 
 
+def wants_engine_data(request: dict[str, Any]) -> bool:
+    """The client asked for ``nvext.extra_fields: ["engine_data"]`` (raw or preprocessed request)."""
+    extra_args = request.get("extra_args")
+    for source in (request.get("nvext"), extra_args.get("nvext") if isinstance(extra_args, dict) else None):
+        if isinstance(source, dict) and "engine_data" in (source.get("extra_fields") or ()):
+            return True
+    return False
+
+
+def served_by(chunk: Any) -> int | None:
+    """The instance that served ``chunk``, as the KV router reports it (``routing_data.worker_id``)."""
+    routing = chunk.get("routing_data") if isinstance(chunk, dict) else None
+    info = routing.get("worker_id") if isinstance(routing, dict) else None
+    worker = info.get("decode_worker_id") if isinstance(info, dict) else None
+    return worker if isinstance(worker, int) else None
+
+
+def with_proof(chunk: Any, proof: dict[str, Any]) -> Any:
+    """``chunk`` with what the component decided under ``engine_data.maitred``: the program, the
+    instance the core chose, the one the KV router reports serving it, and the admission's wait
+    (the frontend's own ``nvext.worker_id`` names the instance it sent the request to: this
+    component)."""
+    if isinstance(chunk, dict):
+        engine_data = chunk.get("engine_data")
+        engine_data = dict(engine_data) if isinstance(engine_data, dict) else {}
+        engine_data["maitred"] = proof
+        chunk["engine_data"] = engine_data
+    return chunk
+
+
 class Usage:
     """What the stream said of the request: first token, tokens, and whether it finished."""
 
@@ -145,11 +175,23 @@ class MaitredHandler:
         worker = admission.worker
         priority = driver.priority_for(program_id, worker) if self.priority else None
         usage = Usage(len(tokens))
+        proof = None
+        if wants_engine_data(request):
+            proof = {
+                "program_id": program_id,
+                "worker_id": int(worker),
+                "waited_s": admission.waited_s,
+                "forced": admission.forced,
+            }
         driver.inflight[worker] += 1
         try:
             async for chunk in await self.router.generate_from_request(forwarded(request, int(worker), priority)):
                 usage.see(chunk)
-                yield chunk
+                if proof is not None and "served_by" not in proof:
+                    served = served_by(chunk)
+                    if served is not None:
+                        proof["served_by"] = served
+                yield chunk if proof is None else with_proof(chunk, proof)
         except Exception as exc:
             if int(worker) not in self.instance_ids():
                 driver.worker_failed(worker, reason=type(exc).__name__)
