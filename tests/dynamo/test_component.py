@@ -19,7 +19,14 @@ pytestmark = pytest.mark.timeout(1500)
 @pytest.fixture(scope="module")
 def stack(dynamo_python, tmp_path_factory) -> Iterator[Stack]:
     with ExitStack() as es:
-        yield start_stack("maitred", dynamo_python, tmp_path_factory.mktemp("dynamo"), es, mocker=MockerSpec(workers=2))
+        yield start_stack(
+            "maitred",
+            dynamo_python,
+            tmp_path_factory.mktemp("dynamo"),
+            es,
+            mocker=MockerSpec(workers=2),
+            maitred_args=["--priority"],
+        )
 
 
 def program(stack: Stack, pid: str) -> httpx.Response:
@@ -36,6 +43,7 @@ def test_each_turn_goes_to_the_worker_maitred_chose_and_the_program_stays_there(
         d = decided(answer)
         assert d["program_id"] == "pinned"
         assert d["served_by"] == d["worker_id"]  # the KV router sent it where the core said
+        assert isinstance(d["priority"], int)  # --priority: the core's eviction priority went as routing.priority
         assert program(stack, "pinned").json()["worker"] == str(d["worker_id"])
         chosen.append(d["worker_id"])
         messages.append({"role": "assistant", "content": answer.json()["choices"][0]["message"]["content"] or "ok"})

@@ -35,7 +35,7 @@ evicts one program's KV; the core's tier moves therefore act through admission a
 only, as they do for SGLang.
 
 Tool events: the component serves maitred's own ``POST /v1/events`` (``--http-port``), so
-agents instrumented with maitred's middleware (``maitred.configure(endpoint=...)``) send tool
+agents instrumented with maitred's middleware (``maitred.configure(runtime_url=...)``) send tool
 starts and ends exactly as to ``maitred serve``; idleness and readiness then work as there.
 Dynamo's agent-tracing tool events (``DYN_REQUEST_TRACE_TOOL_EVENTS_ZMQ_ENDPOINT``) are bound
 by the frontend and land in its trace sink (JSONL files), not on the event plane a router can

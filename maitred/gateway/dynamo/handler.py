@@ -92,7 +92,8 @@ def served_by(chunk: Any) -> int | None:
 
 def with_proof(chunk: Any, proof: dict[str, Any]) -> Any:
     """``chunk`` with what the component decided under ``engine_data.maitred``: the program, the
-    instance the core chose, the one the KV router reports serving it, and the admission's wait
+    instance the core chose, the one the KV router reports serving it, the admission's wait and
+    the ``routing.priority`` sent (None without ``--priority``)
     (the frontend's own ``nvext.worker_id`` names the instance it sent the request to: this
     component)."""
     if isinstance(chunk, dict):
@@ -182,6 +183,7 @@ class MaitredHandler:
                 "worker_id": int(worker),
                 "waited_s": admission.waited_s,
                 "forced": admission.forced,
+                "priority": priority,
             }
         driver.inflight[worker] += 1
         try:
