@@ -91,3 +91,11 @@ def test_a_request_without_a_session_is_served_and_forgotten(stack):
 
 def _now() -> float:
     return time.time()
+
+
+@pytest.mark.parametrize("header", ["x-session-id", "x-claude-code-session-id"])
+def test_the_other_session_headers_dynamo_reads_name_the_program_too(stack, header):
+    pid = f"via-{header}"
+    answer = chat(stack.url, [{"role": "user", "content": words(7, 30)}], session=None, **{header: pid})
+    assert decided(answer)["program_id"] == pid
+    assert program(stack, pid).status_code == 200
