@@ -39,6 +39,7 @@ ROUTERS = ("kv", "thunderagent", "maitred")
 MODEL = "sim"
 NAMESPACE = "dynamo"
 WORKER_ENDPOINT = f"dyn://{NAMESPACE}.backend.generate"
+PLANES = ("--discovery-backend", "file", "--event-plane", "zmq", "--request-plane", "tcp")
 _SPECIALS = ["[UNK]", "<|im_start|>", "<|im_end|>"]
 _TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -157,8 +158,35 @@ class Stack:
     router: str
     url: str  # the frontend, OpenAI-compatible
     root: Path
+    python: str
+    mocker: MockerSpec
     processes: list[Process] = field(default_factory=list)
     admin_url: str | None = None  # maitred's HTTP surface (``router == "maitred"``)
+
+    @property
+    def worker_name(self) -> str:
+        """The model name the workers register (the public one only under Dynamo's KV router)."""
+        return MODEL if self.router == "kv" else f"{MODEL}-workers"
+
+    def spawn(self, name: str, argv: list[str], stack: ExitStack) -> Process:
+        process = Process(name, argv, self.root / f"{name}.log", dynamo_env(self.root))
+        stack.callback(process.stop)
+        self.processes.append(process)
+        return process
+
+    def add_worker(self, stack: ExitStack) -> Process:
+        """One more mocker worker like the others (Dynamo's discovery announces it)."""
+        spec, n = self.mocker, sum(p.name.startswith("mocker") for p in self.processes)
+        return self.spawn(
+            f"mocker{n}",
+            [
+                self.python,
+                *("-m", "dynamo.mocker", "--model-path", str(self.root / "model"), "--model-name", self.worker_name, *PLANES),
+                *("--num-gpu-blocks-override", str(spec.gpu_blocks), "--block-size", str(spec.block_size)),
+                *("--speedup-ratio", f"{spec.speedup:g}", *spec.extra),
+            ],
+            stack,
+        )
 
     def check(self) -> None:
         for p in self.processes:
@@ -202,28 +230,16 @@ def start_stack(
     if router not in ROUTERS:
         raise ValueError(f"router: one of {', '.join(ROUTERS)}, got {router!r}")
     root.mkdir(parents=True, exist_ok=True)
-    env = dynamo_env(root)
     model = write_model(root / "model")
     port = free_port()
-    running = Stack(router, f"http://127.0.0.1:{port}", root)
+    running = Stack(router, f"http://127.0.0.1:{port}", root, python, mocker)
 
     def spawn(name: str, argv: list[str]) -> None:
-        process = Process(name, argv, root / f"{name}.log", env)
-        stack.callback(process.stop)
-        running.processes.append(process)
+        running.spawn(name, argv, stack)
 
-    planes = ["--discovery-backend", "file", "--event-plane", "zmq", "--request-plane", "tcp"]
-    worker_name = MODEL if router == "kv" else f"{MODEL}-workers"
-    for i in range(mocker.workers):
-        spawn(
-            f"mocker{i}",
-            [
-                python,
-                *("-m", "dynamo.mocker", "--model-path", str(model), "--model-name", worker_name, *planes),
-                *("--num-gpu-blocks-override", str(mocker.gpu_blocks), "--block-size", str(mocker.block_size)),
-                *("--speedup-ratio", f"{mocker.speedup:g}", *mocker.extra),
-            ],
-        )
+    planes = list(PLANES)
+    for _ in range(mocker.workers):
+        running.add_worker(stack)
     if router == "thunderagent":
         spawn(
             "thunderagent",
