@@ -22,6 +22,7 @@ import httpx
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from maitred.gateway.backend import WorkerBackend
 from maitred.gateway.guard import routing_error
 from maitred.gateway.ingest import HookMapper, add_admin_routes
 from maitred.gateway.lease import ShardLease
@@ -94,7 +95,7 @@ def build_app(
     # worker's keep-alive timeout (uvicorn's and SGLang's: 5 s).
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=16, keepalive_expiry=2.0)
     client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(30.0, connect=5.0))
-    backends = {url.rstrip("/"): SGLangClient(url.rstrip("/"), client) for url in cfg.workers}
+    backends: dict[str, WorkerBackend] = {url.rstrip("/"): SGLangClient(url.rstrip("/"), client) for url in cfg.workers}
     runtime = LiveDriver(backends, cfg.runtime, Metrics(cfg.metrics_max_tools), answer_when_stored=cfg.shard is not None)
     role = ShardRole(cfg.shard, runtime.metrics) if cfg.shard is not None else None
 

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import httpx
 
+from maitred.gateway.backend import WorkerBackend
 from maitred.gateway.metrics import Metrics
-from maitred.gateway.sglang.client import SGLangClient, WorkerProtocolError
+from maitred.gateway.sglang.client import WorkerProtocolError
 from maitred.runtime.hicache import WRITE_BACK_BELOW_RATIO, write_back_for
 from maitred.runtime.state import RuntimeState
 
@@ -34,7 +35,7 @@ class _Health:
 class WorkerWatch:
     def __init__(
         self,
-        backends: Mapping[str, SGLangClient],
+        backends: Mapping[str, WorkerBackend],
         state: RuntimeState,
         metrics: Metrics,
         *,
@@ -47,6 +48,11 @@ class WorkerWatch:
         self._health = {url: _Health() for url in backends}
         for url in backends:  # at 0 from the start, so ``increase()`` sees a worker's first failure
             metrics.worker_failures.labels(url)
+
+    def add(self, url: str) -> None:
+        """A worker added to ``backends`` after start (``LiveDriver.add_worker``)."""
+        self._health.setdefault(url, _Health())
+        self.metrics.worker_failures.labels(url)
 
     async def refresh_loads(self) -> None:
         """Each healthy worker's load (``/v1/loads``) read just before a step plans, as the replay

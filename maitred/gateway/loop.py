@@ -24,12 +24,13 @@ import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from maitred.events import Event, Handoff, LLMEnd, ProgramEnd, ToolEnd
+from maitred.gateway.backend import WorkerBackend
 from maitred.gateway.health import WorkerWatch
 from maitred.gateway.live_config import LiveConfig
 from maitred.gateway.metrics import Metrics, Tally, program_counts
@@ -37,7 +38,6 @@ from maitred.gateway.program_view import ProgramView
 from maitred.gateway.prompt_keep import PromptKeep
 from maitred.gateway.recent_keys import RecentKeys
 from maitred.gateway.restore import GATEWAY_REQUEST_PREFIX, RestoreAtStart
-from maitred.gateway.sglang.client import SGLangClient
 from maitred.gateway.store_writer import StoreWriter
 from maitred.gateway.usage import PromptSize
 from maitred.gateway.warmups import WarmupSender
@@ -78,7 +78,8 @@ class _Held:
 
 @dataclass
 class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
-    backends: Mapping[str, SGLangClient]
+    #: the workers by id (an SGLang server's URL, a Dynamo instance id); ``add_worker`` adds one
+    backends: MutableMapping[str, WorkerBackend]
     cfg: LiveConfig = field(default_factory=LiveConfig)
     metrics: Metrics = field(default_factory=Metrics)
     writer: StoreWriter | None = None
@@ -152,6 +153,15 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
                 break
             await asyncio.sleep(0.2)
         self._tasks = [asyncio.create_task(self._tick_loop()), asyncio.create_task(self._poll_loop())]
+
+    def add_worker(self, worker_id: str, backend: WorkerBackend) -> None:
+        """A worker that appeared after start (Dynamo's discovery): it starts as down, is polled
+        like the others, and takes programs once its capacity is read."""
+        if worker_id in self.backends:
+            return
+        self.backends[worker_id] = backend
+        self.state.add_worker(WorkerState(worker_id, gpu_tokens=0, healthy=False))
+        self.watch.add(worker_id)
 
     async def stop(self) -> None:
         self._stopping = True

@@ -11,9 +11,10 @@ from collections.abc import Callable, Mapping
 
 import httpx
 
+from maitred.gateway.backend import WorkerBackend
 from maitred.gateway.metrics import Metrics
 from maitred.gateway.prompt_keep import Prompt, PromptKeep, prompt_bytes
-from maitred.gateway.sglang.client import SGLangClient, WorkerProtocolError
+from maitred.gateway.sglang.client import WorkerProtocolError
 from maitred.gateway.usage import PromptSize
 from maitred.runtime.core import RuntimeCore
 from maitred.runtime.decisions import Warmup
@@ -25,7 +26,7 @@ log = logging.getLogger("maitred.service")
 class WarmupSender:
     """The prompts kept for warmups and the warmups in flight (a mixin of ``LiveDriver``)."""
 
-    backends: Mapping[str, SGLangClient]
+    backends: Mapping[str, WorkerBackend]
     metrics: Metrics
     state: RuntimeState
     core: RuntimeCore

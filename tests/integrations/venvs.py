@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,17 @@ def _root(pytestconfig: pytest.Config | None) -> Path:
     return folder
 
 
-def cached_venv(pytestconfig: pytest.Config | None, name: str, install: list[str], *, key: bytes, what: str) -> Path:
-    """A venv with ``pip install *install``; ``key`` is what, changed, needs a new one
+def cached_venv(
+    pytestconfig: pytest.Config | None,
+    name: str,
+    install: list[str],
+    *,
+    key: bytes,
+    what: str,
+    then: Sequence[list[str]] = (),
+) -> Path:
+    """A venv with ``pip install *install``, then ``pip install *step`` for each of ``then`` (a
+    package installed ``--no-deps`` after the rest); ``key`` is what, changed, needs a new one
     (``pyproject.toml``, a pinned version); ``what`` names it in the skip line."""
     digest = hashlib.sha256(key + sys.version.encode()).hexdigest()[:12]
     folder = _root(pytestconfig) / f"{name}-{digest}"
@@ -39,7 +49,7 @@ def cached_venv(pytestconfig: pytest.Config | None, name: str, install: list[str
     shutil.rmtree(venv, ignore_errors=True)
     folder.mkdir(parents=True, exist_ok=True)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    for step in ([sys.executable, "-m", "venv", str(venv)], [*pip, *install]):
+    for step in ([sys.executable, "-m", "venv", str(venv)], [*pip, *install], *([*pip, *more] for more in then)):
         done = subprocess.run(step, capture_output=True, text=True, timeout=1200)
         if done.returncode != 0:
             last = (done.stderr.strip() or done.stdout.strip() or f"exit status {done.returncode}").splitlines()[-1]
