@@ -312,7 +312,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--maitred-args",
         default="",
-        help="more flags for maitred serve, as one shell-quoted string (e.g. \"--stream-flush 0\"; default: none)",
+        help='more flags for maitred serve, as one shell-quoted string (e.g. "--stream-flush 0"; default: none)',
     )
     args = parser.parse_args(argv)
     for flag, values, known in (("--loads", args.loads, LOADS), ("--systems", args.systems, SYSTEMS)):
