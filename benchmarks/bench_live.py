@@ -312,7 +312,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--maitred-args",
         default="",
-        help='more flags for maitred serve, as one shell-quoted string (e.g. "--stream-flush 0"; default: none)',
+        help='more flags for maitred serve, one shell-quoted string after = (e.g. --maitred-args="--tick 0.5"; default: none)',
     )
     args = parser.parse_args(argv)
     for flag, values, known in (("--loads", args.loads, LOADS), ("--systems", args.systems, SYSTEMS)):
@@ -325,6 +325,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--programs: 1 to {MAX_PROGRAMS // PROGRAMS_PER_SLOT}, got {args.programs}")
     if args.gpu_tokens < 1 or args.cpu_tokens < 0:
         parser.error("--gpu-tokens must be positive and --cpu-tokens 0 or more")
+    try:
+        shlex.split(args.maitred_args)
+    except ValueError as exc:
+        parser.error(f"--maitred-args: {exc}")
     return args
 
 

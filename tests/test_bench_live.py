@@ -74,6 +74,19 @@ def test_bench_live_names_an_unknown_load(monkeypatch, capsys):
     assert "--loads: unknown huge; choose from light, oversubscribed" in capsys.readouterr().err
 
 
+def test_maitred_args_reach_maitred_serve_and_a_bad_string_is_refused(monkeypatch, capsys):
+    """``--maitred-args`` is split as a shell would and added to ``maitred serve``'s command: a
+    flag serve does not know stops the run with serve's own exit status 2 in the error."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from bench_live import main
+
+    with pytest.raises(SystemExit):
+        main(["--maitred-args", '"unclosed'])
+    assert "--maitred-args: No closing quotation" in capsys.readouterr().err
+    with pytest.raises(RuntimeError, match=r"--no-such-flag .*exited with status 2"):
+        main(["--loads", "light", "--programs", "1", "--duration", "1", "--systems", "maitred", "--maitred-args=--no-such-flag"])
+
+
 def _recording(app: Any, seen: list[tuple[str, dict[bytes, bytes], bytes]]) -> Any:
     """``app`` that first notes each HTTP request's path, headers and body; it answers
     ``POST /programs/release`` itself (ThunderAgent's route) and holds ``/v1/chat/completions``
