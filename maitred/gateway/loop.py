@@ -64,10 +64,9 @@ class Admission:
 
 #: What a balancer's request id (``X-Maitred-Request-Id``) may be.
 REQUEST_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
-#: Under ``--shard``, how long an answer waits for its history to reach the store, and how often
-#: it looks (``LiveDriver.stored``).
+#: Under ``--shard``, how long an answer waits for its history to reach the store
+#: (``LiveDriver.stored``).
 STORED_WAIT_S = 10.0
-STORED_POLL_S = 0.005
 
 
 @dataclass(slots=True)
@@ -342,14 +341,10 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
         writer = self.writer
         if not self.answer_when_stored or writer is None:
             return True
-        mark = writer.mark()
-        writer.write_soon()
-        deadline = time.monotonic() + timeout_s
-        while not writer.written(mark):
-            if writer.stopped or time.monotonic() > deadline:
-                return False
-            await asyncio.sleep(STORED_POLL_S)
-        return True
+        try:
+            return await asyncio.wait_for(writer.when_written(writer.mark()), timeout_s)
+        except TimeoutError:
+            return False
 
     def _record(self, events: list[Event]) -> None:
         """Events for history: the store writer, and the OTLP export beside it; neither waits."""

@@ -14,10 +14,12 @@ turns so later. A thread that dies of anything unforeseen says so the same way: 
 names it (``/healthz`` answers 503 with it, ``maitred_store_writer_up`` reads 0), and every
 event queued or submitted after is counted dropped (``writer_stopped``), never silently lost.
 
-``written(mark)`` tells whether every event queued before ``mark()`` was written (or refused for
-its content), and ``lost()`` counts the events dropped otherwise: a holder under ``--shard``
-answers only once what it recorded is written (``LiveDriver.stored``), so the standby that takes
-over after a crash finds in the store every event and model call the holder answered for.
+``when_written(mark)`` is an asyncio future the thread resolves the moment every event queued
+before ``mark()`` is written (or refused for its content), or that it never will be, and ``lost()`` counts the events dropped otherwise: a holder under
+``--shard`` answers only once what it recorded is written (``LiveDriver.stored``), so the standby
+that takes over after a crash finds in the store every event and model call the holder answered
+for. The thread wakes the waiting loop itself (``call_soon_threadsafe``) rather than the loop
+polling it: a poll adds half its interval to every answer.
 
 At shutdown ``close(timeout)`` is a bounded drain (``maitred serve --drain-timeout``): what is
 queued gets ``timeout`` seconds to reach the store, retried as usual while it is down; what is
@@ -25,6 +27,9 @@ left then — the store still down, or a write still hanging — is counted and 
 line with the count, because the in-process metric dies with the process.
 """
 
+import asyncio
+import heapq
+import itertools
 import logging
 import threading
 import time
@@ -36,6 +41,12 @@ from maitred.storage import SessionStore
 from maitred.storage.errors import StoreError, StoreUnavailable
 
 log = logging.getLogger("maitred.service")
+
+
+def _settle(future: "asyncio.Future[bool]", result: bool) -> None:
+    """On the waiting loop: resolve ``future`` unless its waiter gave up already."""
+    if not future.done():
+        future.set_result(result)
 
 
 class StoreWriter:
@@ -72,6 +83,10 @@ class StoreWriter:
         self._closing = False
         self._closed_for_good = False  # the store cannot be opened: nothing will be written
         self._busy = False
+        #: ``when_written``'s futures, by mark: (mark, tie-break, loop, future)
+        self._waiters: list[tuple[int, int, asyncio.AbstractEventLoop, asyncio.Future[bool]]] = []
+        self._waiter_ids = itertools.count()
+        self._prune_at = 1024
         self._thread = threading.Thread(target=self._run, name="maitred-store-writer", daemon=True)
         self._thread.start()
 
@@ -119,7 +134,7 @@ class StoreWriter:
         return True
 
     def mark(self) -> int:
-        """How many events were ever queued: ``written``'s argument for all of them."""
+        """How many events were ever queued: ``when_written``'s argument for all of them."""
         with self._cond:
             return self._queued
 
@@ -128,20 +143,42 @@ class StoreWriter:
         with self._cond:
             return self.dropped - self.dropped_by_reason["rejected"]
 
-    def written(self, mark: int) -> bool:
-        """Whether the first ``mark`` events queued were written (or refused for their content,
-        or dropped and counted on a store error)."""
-        return self._finished >= mark
+    def when_written(self, mark: int) -> "asyncio.Future[bool]":
+        """A future of the running loop that becomes True once the first ``mark`` events queued
+        are written (or refused for their content, or dropped and counted on a store error), or False
+        once nothing more will be written (``stopped``); the writer is asked to write at once.
+        Cancelling it (a timeout) is safe: the thread skips futures already done."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        with self._cond:
+            if self._finished >= mark:
+                future.set_result(True)
+            elif self._closed_for_good:
+                future.set_result(False)
+            else:
+                if len(self._waiters) >= self._prune_at:  # waiters that gave up while the store was down
+                    self._waiters = [w for w in self._waiters if not w[3].done()]
+                    heapq.heapify(self._waiters)
+                    self._prune_at = max(1024, 2 * len(self._waiters))
+                heapq.heappush(self._waiters, (mark, next(self._waiter_ids), loop, future))
+                self._cond.notify()
+        return future
+
+    def _wake(self, everyone: bool = False) -> None:
+        """Resolve the waiters whose events are written (all of them, False, when ``everyone``:
+        nothing more will be). Called by the thread with ``_cond`` held."""
+        while self._waiters and (everyone or self._waiters[0][0] <= self._finished):
+            mark, _, loop, future = heapq.heappop(self._waiters)
+            result = mark <= self._finished
+            try:
+                loop.call_soon_threadsafe(_settle, future, result)
+            except RuntimeError:  # that loop is closed: nobody waits any more
+                pass
 
     @property
     def stopped(self) -> bool:
         """Nothing queued will be written any more (closed, stopped, or the store is unusable)."""
         return self._closed_for_good
-
-    def write_soon(self) -> None:
-        """Write what is queued now rather than at the end of the idle wait (``interval_s``)."""
-        with self._cond:
-            self._cond.notify()
 
     def close(self, timeout: float = 10.0) -> int:
         """Drain: write what is queued within ``timeout`` (retrying while the store is down),
@@ -157,6 +194,7 @@ class StoreWriter:
             self._queue.clear()
             self._in_flight = 0
             self._closed_for_good = True
+            self._wake(everyone=True)
         self._drop("shutdown", left)
         lost = self.dropped_by_reason["shutdown"]
         if lost:
@@ -225,6 +263,7 @@ class StoreWriter:
                 self._queue.clear()
                 self._in_flight = 0
                 self._closed_for_good = True
+                self._wake(everyone=True)
                 self._busy = False
                 self._cond.notify_all()
         finally:
@@ -237,6 +276,7 @@ class StoreWriter:
                 self._drop(reason, len(self._queue))
                 self._queue.clear()
                 self._closed_for_good = True
+                self._wake(everyone=True)
                 self._cond.notify_all()
             return
         assert self.store is not None
@@ -281,4 +321,5 @@ class StoreWriter:
                 self._finished += len(batch)
                 self._busy = False
                 self._in_flight = 0
+                self._wake()
                 self._cond.notify_all()
