@@ -4,10 +4,18 @@ A worker is declared down after ``fail_after`` failed health checks in a row (or
 request to it fails); its programs then lose their KV and are placed elsewhere by the next step.
 A worker that comes back has its capacity read again (it may have been restarted with other
 flags) before it takes programs.
+
+A poll asks only what the gateway does not already know: a worker that answered a request in full
+since the last poll is alive (SGLang's own ``/health`` answers from the same signal: the
+scheduler's recent output), and a load the step read since then (``refresh_loads``) is not read
+again. Under load that leaves one load reading per worker per step instead of three calls per
+interval; an idle worker, or one whose requests stopped coming back, is polled as before.
 """
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -30,6 +38,8 @@ class _Health:
     known: bool = False  # capacity read at least once
     write_policy: str | None = None  # HiCache's, as /server_info says (None: off, or not said)
     warned: bool = False  # the write-policy warning was logged
+    answered_at: float = -math.inf  # monotonic: the last request the worker answered in full
+    load_at: float = -math.inf  # monotonic: the last load reading
 
 
 class WorkerWatch:
@@ -42,9 +52,11 @@ class WorkerWatch:
         fail_after: int,
         policy: str,
         on_change: Callable[[], None],
+        fresh_s: float,
     ) -> None:
         self.backends, self.state, self.metrics = backends, state, metrics
         self.fail_after, self.policy, self.on_change = fail_after, policy, on_change
+        self.fresh_s = fresh_s  # the polling interval: what was learned within it is not asked again
         self._health = {url: _Health() for url in backends}
         for url in backends:  # at 0 from the start, so ``increase()`` sees a worker's first failure
             metrics.worker_failures.labels(url)
@@ -53,6 +65,12 @@ class WorkerWatch:
         """A worker added to ``backends`` after start (``LiveDriver.add_worker``)."""
         self._health.setdefault(url, _Health())
         self.metrics.worker_failures.labels(url)
+
+    def answered(self, url: str) -> None:
+        """A request to ``url`` was answered in full: the worker is alive (the next poll need not ask)."""
+        health = self._health.get(url)
+        if health is not None:
+            health.answered_at = time.monotonic()
 
     async def refresh_loads(self) -> None:
         """Each healthy worker's load (``/v1/loads``) read just before a step plans, as the replay
@@ -64,8 +82,10 @@ class WorkerWatch:
         loads = await asyncio.gather(
             *(asyncio.wait_for(self.backends[url].load(), LOAD_TIMEOUT_S) for url in urls), return_exceptions=True
         )
+        read_at = time.monotonic()
         for url, load in zip(urls, loads):
             if not isinstance(load, BaseException):
+                self._health[url].load_at = read_at
                 self.state.observe_worker(url, queued_requests=load.waiting, used_tokens=load.used_tokens)
 
     async def check_all(self) -> None:
@@ -73,6 +93,10 @@ class WorkerWatch:
 
     async def check(self, url: str) -> None:
         backend, health, live = self.backends[url], self._health[url], self.state.workers[url]
+        since = time.monotonic() - self.fresh_s
+        if live.healthy and health.known and health.answered_at > since and health.load_at > since:
+            health.failures = 0  # it answered a request and the step read its load: nothing to ask
+            return
         if not await backend.healthy():
             health.failures += 1
             if live.healthy and health.failures >= self.fail_after:
@@ -81,12 +105,14 @@ class WorkerWatch:
         try:
             if not health.known or not live.healthy:
                 await self._read_capacity(url)
-            load = await backend.load()
+            load = await backend.load() if not live.healthy or health.load_at <= since else None
         except (httpx.HTTPError, WorkerProtocolError) as exc:
             log.warning("maitred: worker %s answers /health but not %s", url, exc)
             return
         health.failures = 0
-        self.state.observe_worker(url, queued_requests=load.waiting, used_tokens=load.used_tokens)
+        if load is not None:
+            health.load_at = time.monotonic()
+            self.state.observe_worker(url, queued_requests=load.waiting, used_tokens=load.used_tokens)
         if not live.healthy:
             hicache = f"HiCache {health.write_policy or 'write policy not reported'}" if live.cpu_tokens else "no host cache"
             log.info(

@@ -121,7 +121,13 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
         self.steps_failed = 0
         self._held: dict[str, list[_Held]] = {}
         self.watch = WorkerWatch(
-            self.backends, self.state, self.metrics, fail_after=self.cfg.fail_after, policy=self.cfg.policy, on_change=self.kick
+            self.backends,
+            self.state,
+            self.metrics,
+            fail_after=self.cfg.fail_after,
+            policy=self.cfg.policy,
+            on_change=self.kick,
+            fresh_s=self.cfg.poll_s,
         )
         self.warm_prompts = PromptKeep(self.cfg.prompts)  # program -> its last prompt (for warmups), bounded
         self._handoff_prompts: dict[str, str] = {}  # consumer program -> a handoff's expected_prompt
@@ -313,6 +319,8 @@ class LiveDriver(RestoreAtStart, WorkerPolling, WarmupSender, ProgramView):
             self.metrics.cached_tokens.inc(cached_tokens)
         p = self.state.programs.get(program_id)
         prompt = prompt_tokens if prompt_tokens is not None else (p.context_tokens if p is not None else 0)
+        if ok:
+            self.watch.answered(worker)
         if ok and prompt_tokens is not None:
             self.last_usage[program_id] = (prompt_tokens, cached_tokens)
             if size is not None and size.tokens is None and size.chars and prompt_tokens:
