@@ -5,11 +5,13 @@ request to it fails); its programs then lose their KV and are placed elsewhere b
 A worker that comes back has its capacity read again (it may have been restarted with other
 flags) before it takes programs.
 
-A poll asks only what the gateway does not already know: a worker that answered a request in full
-since the last poll is alive (SGLang's own ``/health`` answers from the same signal: the
-scheduler's recent output), and a load the step read since then (``refresh_loads``) is not read
-again. Under load that leaves one load reading per worker per step instead of three calls per
-interval; an idle worker, or one whose requests stopped coming back, is polled as before.
+A poll asks only what the gateway does not already know: a load the step read since the last
+poll (``refresh_loads``) is not read again, and a worker that answered a request in full since
+then is not asked ``/health`` at every other poll. Not at every poll: SGLang's ``/health``
+also answers 503 while the server drains after SIGTERM, when it still answers the requests it
+has; so ``/health`` is asked at least every second interval, and at every one once it failed,
+until it passes (a draining worker is declared down at most one interval later than before).
+An idle worker, or one whose requests stopped coming back, is polled as before.
 """
 
 import asyncio
@@ -40,6 +42,7 @@ class _Health:
     warned: bool = False  # the write-policy warning was logged
     answered_at: float = -math.inf  # monotonic: the last request the worker answered in full
     load_at: float = -math.inf  # monotonic: the last load reading
+    skipped: bool = False  # the last poll did not ask /health (the next one does)
 
 
 class WorkerWatch:
@@ -94,9 +97,11 @@ class WorkerWatch:
     async def check(self, url: str) -> None:
         backend, health, live = self.backends[url], self._health[url], self.state.workers[url]
         since = time.monotonic() - self.fresh_s
-        if live.healthy and health.known and health.answered_at > since and health.load_at > since:
-            health.failures = 0  # it answered a request and the step read its load: nothing to ask
+        busy = health.answered_at > since and health.load_at > since
+        if live.healthy and health.known and busy and not health.failures and not health.skipped:
+            health.skipped = True  # it answered a request and the step read its load: ask next time
             return
+        health.skipped = False
         if not await backend.healthy():
             health.failures += 1
             if live.healthy and health.failures >= self.fail_after:
