@@ -7,11 +7,11 @@ flags) before it takes programs.
 
 A poll asks only what the gateway does not already know: a load the step read since the last
 poll (``refresh_loads``) is not read again, and a worker that answered a request in full since
-then is not asked ``/health`` at every other poll. Not at every poll: SGLang's ``/health``
-also answers 503 while the server drains after SIGTERM, when it still answers the requests it
-has; so ``/health`` is asked at least every second interval, and at every one once it failed,
-until it passes (a draining worker is declared down at most one interval later than before).
-An idle worker, or one whose requests stopped coming back, is polled as before.
+then is asked ``/health`` only at every other poll. Not never: SGLang's ``/health`` also
+answers 503 while the server drains after SIGTERM, when it still answers the requests it has;
+so ``/health`` is asked at least every second interval, and at every one once it failed, until
+it passes (a draining worker is declared down at most one interval later than before). An idle
+worker, or one whose requests stopped coming back, is polled as before.
 """
 
 import asyncio
@@ -70,7 +70,7 @@ class WorkerWatch:
         self.metrics.worker_failures.labels(url)
 
     def answered(self, url: str) -> None:
-        """A request to ``url`` was answered in full: the worker is alive (the next poll need not ask)."""
+        """A request to ``url`` was answered in full: the worker is alive (a poll may skip ``/health``)."""
         health = self._health.get(url)
         if health is not None:
             health.answered_at = time.monotonic()
