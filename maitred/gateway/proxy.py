@@ -436,18 +436,15 @@ class Proxy:
             return Response(
                 payload, status_code=upstream.status, media_type=upstream.headers.get("content-type", "application/json")
             )
-        chunks = upstream.content.iter_any()
         try:
-            first = await unless_gone(anext(chunks, b""), receive)
+            first = await unless_gone(upstream.content.readany(), receive)
         except BaseException:
             upstream.close()
             release()
             raise
         piped = Piped(self, call, worker, upstream, release, time.perf_counter() - started)
         self._pipes.add(piped)
-        return Relay(
-            piped.relay(first, chunks), on_close=piped.close, media_type=upstream.headers.get("content-type", "text/event-stream")
-        )
+        return Relay(piped, first, media_type=upstream.headers.get("content-type", "text/event-stream"))
 
 
 def _headers(call: Call) -> dict[str, str]:
