@@ -92,12 +92,12 @@ class Piped:
                 if out:
                     if end in out:
                         await self._record_stored()
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                    await send(_body(out))
                 chunk = await content.readany()
             rest = scanner.finish()
             await self._record_stored()
             if rest:
-                await send({"type": "http.response.body", "body": rest, "more_body": True})
+                await send(_body(rest))
         except ClientLeft:
             return  # nobody to send to; ``close`` records the stream and aborts it at the worker
         except GatewayStopping as exc:
@@ -175,13 +175,14 @@ class Relay(Response):
             await piped.pump(self.first, send)
         finally:
             watcher.cancel()
-            await asyncio.wait({watcher})  # gone before the answer counts as over
+            await asyncio.wait({watcher})  # so no task outlives the stream
             await piped.close()
             if self._after is not None:
                 self._after()
 
 
 def _body(chunk: bytes) -> Message:
+    """One chunk of the stream's answer, more to follow."""
     return {"type": "http.response.body", "body": chunk, "more_body": True}
 
 
