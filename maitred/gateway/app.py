@@ -23,6 +23,7 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from maitred.gateway.backend import WorkerBackend
+from maitred.gateway.front import GatewayApp, Guards
 from maitred.gateway.guard import routing_error
 from maitred.gateway.ingest import HookMapper, add_admin_routes
 from maitred.gateway.lease import ShardLease
@@ -150,7 +151,10 @@ def build_app(
             if on_shutdown is not None:
                 await asyncio.to_thread(on_shutdown)
 
-    app = FastAPI(
+    guards: Guards = [(StandbyGate, {"role": role})] if role is not None else []
+    guards.append((OriginGuard, {"allowed_hosts": cfg.allowed_hosts}))  # outermost: last
+    app = GatewayApp(
+        guards=guards,
         title="maitred",
         lifespan=lifespan,
         docs_url=None,
@@ -158,9 +162,6 @@ def build_app(
         openapi_url=None,
         exception_handlers={StarletteHTTPException: routing_error},
     )
-    if role is not None:
-        app.add_middleware(StandbyGate, role=role)
-    app.add_middleware(OriginGuard, allowed_hosts=cfg.allowed_hosts)  # outermost: added last
     tokens = cfg.tokens or Tokens.of(cfg.token)
     proxy = Proxy(runtime, cfg.proxy, max_connections=cfg.max_connections, tokens=tokens)
     add_proxy_routes(app, proxy if cfg.workers else None)

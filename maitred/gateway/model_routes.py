@@ -55,5 +55,5 @@ NO_WORKERS = (
 
 async def no_workers(request: Request) -> Response:
     """Every model route of a gateway started without workers."""
-    route = ENDPOINTS.get(request.url.path)
+    route = ENDPOINTS.get(request.scope["path"])
     return error_response(503, NO_WORKERS, kind="no_workers", anthropic=route is not None and route.anthropic)

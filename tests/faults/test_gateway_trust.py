@@ -222,6 +222,9 @@ async def test_a_web_page_can_neither_post_nor_read_through_a_rebound_name(serve
         port = s.url.rsplit(":", 1)[1]
         r = await client.get("/v1/programs", headers={"host": f"attacker.example:{port}"})
         assert r.status_code == 400 and r.json()["error"]["field"] == "host", r.text
+        # the model routes are served ahead of FastAPI's stack (``front``), behind the same guard
+        r = await client.post("/v1/chat/completions", json={"model": "m"}, headers={"host": f"attacker.example:{port}"})
+        assert r.status_code == 400 and r.json()["error"]["field"] == "host", r.text
         for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "localhost"):
             assert (await client.get("/v1/programs", headers={"host": host})).status_code == 200, host
 
