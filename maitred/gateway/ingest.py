@@ -20,10 +20,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import Request
 from starlette.responses import Response
 
 from maitred.events import Batch, Event, EventError, LLMStart, Rejected, decode_event, loads_batch
+from maitred.gateway.front import GatewayApp
 from maitred.gateway.guard import ClientGone, HTTPProblem, error_response, parse_json_object, read_body
 from maitred.gateway.loop import STORED_WAIT_S, LiveDriver
 from maitred.gateway.metrics import CONTENT_TYPE
@@ -311,7 +312,7 @@ def guarded(tokens: Tokens, handler: Callable[[Request, Scope], Any]) -> Callabl
 
 
 def add_admin_routes(
-    app: FastAPI,
+    app: GatewayApp,
     runtime: LiveDriver,
     *,
     tokens: Tokens = OPEN,
@@ -330,6 +331,9 @@ def add_admin_routes(
         ("/v1/stats/tools", r.tool_stats, "GET"),
         ("/v1/journal", r.journal, "GET"),
     ):
-        app.add_route(path, guarded(tokens, handler), methods=[method], include_in_schema=False)
+        if method == "POST":  # what agents send with every tool call: ahead of FastAPI's stack (``front``)
+            app.post_ahead(path, guarded(tokens, handler))
+        else:
+            app.add_route(path, guarded(tokens, handler), methods=[method], include_in_schema=False)
     app.add_route("/metrics", r.metrics, methods=["GET"], include_in_schema=False)
     app.add_route("/healthz", r.healthz, methods=["GET"], include_in_schema=False)

@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import Request
 from starlette.responses import Response
 
 from maitred.events import Event, EventError, check_event
+from maitred.gateway.front import GatewayApp
 from maitred.gateway.guard import HTTPProblem, read_body
 from maitred.gateway.ingest import guarded
 from maitred.gateway.loop import LiveDriver
@@ -285,10 +286,10 @@ class _Receiver:
         return _answer(proto, answer, media)
 
 
-def add_otlp_route(app: FastAPI, runtime: LiveDriver, *, tokens: Tokens, max_bytes: int) -> None:
+def add_otlp_route(app: GatewayApp, runtime: LiveDriver, *, tokens: Tokens, max_bytes: int) -> None:
     """``POST /v1/traces`` (see the module docstring); 501 when ``opentelemetry-proto`` is missing."""
     proto = _load_proto()
     if proto is None:
         log.info("maitred: %s", MISSING)
     receiver = _Receiver(runtime, proto, max_bytes)
-    app.add_route(PATH, guarded(tokens, receiver.traces), methods=["POST"], include_in_schema=False)
+    app.post_ahead(PATH, guarded(tokens, receiver.traces))  # what an agent's exporter sends: ahead of FastAPI's stack

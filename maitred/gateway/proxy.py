@@ -462,11 +462,8 @@ def _json(content: bytes) -> Any:
 
 
 def add_proxy_routes(app: GatewayApp, proxy: Proxy | None) -> None:
-    """The model routes (``proxy`` None: a gateway without workers, whose model routes say so).
-    ``POST`` on them is answered ahead of FastAPI's stack (``front``); the router holds them
-    too, so that another method gets its 405 with the ``Allow`` header."""
-    handler = proxy.handle if proxy is not None else no_workers
-    app.serve_model_routes(handler)
+    """The model routes (``proxy`` None: a gateway without workers, whose model routes say so),
+    answered ahead of FastAPI's stack (``front``)."""
     for path in ENDPOINTS:
-        app.add_route(path, handler, methods=["POST"], include_in_schema=False)
+        app.post_ahead(path, proxy.handle if proxy is not None else no_workers)
     app.add_route("/v1/models", proxy.models if proxy is not None else no_workers, methods=["GET"], include_in_schema=False)

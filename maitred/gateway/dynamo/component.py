@@ -75,14 +75,15 @@ async def _discover(driver: LiveDriver, fleet: Fleet) -> None:
 def admin_app(driver: LiveDriver, host: str) -> Any:
     """maitred's ingest and introspection routes on the component's driver (no proxy routes:
     model requests come through Dynamo)."""
-    from fastapi import FastAPI
-
+    from maitred.gateway.front import GatewayApp
     from maitred.gateway.ingest import add_admin_routes
     from maitred.gateway.origin import LOOPBACK_HOSTS, OriginGuard
 
-    app = FastAPI(title="maitred-dynamo", docs_url=None, redoc_url=None, openapi_url=None)
+    hosts = LOOPBACK_HOSTS if host in LOOPBACK_HOSTS else ("*",)
+    app = GatewayApp(
+        guards=[(OriginGuard, {"allowed_hosts": hosts})], title="maitred-dynamo", docs_url=None, redoc_url=None, openapi_url=None
+    )
     add_admin_routes(app, driver, max_events_bytes=16 << 20)
-    app.add_middleware(OriginGuard, allowed_hosts=LOOPBACK_HOSTS if host in LOOPBACK_HOSTS else ("*",))
     return app
 
 
