@@ -4,6 +4,7 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 
@@ -197,8 +198,8 @@ async def test_a_chat_programs_warmup_is_rendered_by_the_workers_tokenizer():
     prefills the ids, so the program's next request finds them cached."""
     messages = [{"role": "system", "content": "you are the coder " * 200}, {"role": "user", "content": "fix it"}]
     with SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=200_000, time_scale=20.0)) as sim:
-        async with httpx.AsyncClient() as client:
-            runtime = LiveDriver({sim.url: SGLangClient(sim.url, client)}, LiveConfig(tick_s=0.2, poll_s=0.2))
+        async with httpx.AsyncClient() as client, aiohttp.ClientSession() as session:
+            runtime = LiveDriver({sim.url: SGLangClient(sim.url, lambda: session)}, LiveConfig(tick_s=0.2, poll_s=0.2))
             await runtime.start()
             try:
                 runtime.state.apply(ToolStart(ts=runtime.clock(), program_id="c1", call_id="x", tool="bash"))
@@ -236,8 +237,8 @@ async def _held_request(runtime: LiveDriver) -> "asyncio.Task[Admission]":
     return waiting
 
 
-async def _held_driver(sim: SimWorkerThread, client: httpx.AsyncClient) -> LiveDriver:
-    runtime = LiveDriver({sim.url: SGLangClient(sim.url, client)}, LiveConfig(tick_s=0.2, poll_s=0.2))
+async def _held_driver(sim: SimWorkerThread, session: aiohttp.ClientSession) -> LiveDriver:
+    runtime = LiveDriver({sim.url: SGLangClient(sim.url, lambda: session)}, LiveConfig(tick_s=0.2, poll_s=0.2))
     await runtime.start(wait_for_workers_s=10)
     return runtime
 
@@ -250,8 +251,8 @@ async def test_a_held_request_whose_client_leaves_stops_wanting_the_gpu():
     import asyncio
 
     with SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=20_000, time_scale=20.0)) as sim:
-        async with httpx.AsyncClient() as client:
-            runtime = await _held_driver(sim, client)
+        async with aiohttp.ClientSession() as session:
+            runtime = await _held_driver(sim, session)
             try:
                 waiting = await _held_request(runtime)
                 waiting.cancel()
@@ -273,8 +274,8 @@ async def test_a_program_that_ends_while_held_has_its_request_let_through():
     from maitred.events import ProgramEnd
 
     with SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=20_000, time_scale=20.0)) as sim:
-        async with httpx.AsyncClient() as client:
-            runtime = await _held_driver(sim, client)
+        async with aiohttp.ClientSession() as session:
+            runtime = await _held_driver(sim, session)
             try:
                 waiting = await _held_request(runtime)
                 runtime.ingest([ProgramEnd(ts=runtime.clock(), program_id="big")])
@@ -292,8 +293,8 @@ async def test_a_program_moved_away_while_held_has_its_request_let_through_and_i
     import asyncio
 
     with SimWorkerThread(SimWorkerConfig(port=0, gpu_tokens=20_000, time_scale=20.0)) as sim:
-        async with httpx.AsyncClient() as client:
-            runtime = await _held_driver(sim, client)
+        async with aiohttp.ClientSession() as session:
+            runtime = await _held_driver(sim, session)
             try:
                 waiting = await _held_request(runtime)
                 runtime.moved_away("big")

@@ -10,6 +10,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 
@@ -387,9 +388,9 @@ async def test_each_workers_hicache_write_policy_reaches_its_state_and_a_mirrori
         sim(100_000, "write_through") as large,
         caplog.at_level(logging.INFO, "maitred.service"),
     ):
-        async with httpx.AsyncClient() as client:
+        async with aiohttp.ClientSession() as session:
             runtime = LiveDriver(
-                {w.url: SGLangClient(w.url, client) for w in (back, through, large)},
+                {w.url: SGLangClient(w.url, lambda: session) for w in (back, through, large)},
                 LiveConfig(policy=policy, tick_s=0.2, poll_s=0.2),
             )
             await runtime.start()

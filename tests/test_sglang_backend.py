@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-import httpx
+import aiohttp
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request, Response
@@ -375,8 +375,8 @@ class FixtureServer:
 
 def test_client_reads_fixture_shapes_and_falls_back_to_the_deprecated_server_info() -> None:
     async def check(url: str) -> None:
-        async with httpx.AsyncClient() as client:
-            worker = SGLangClient(url + "/", client)
+        async with aiohttp.ClientSession() as session:
+            worker = SGLangClient(url + "/", lambda: session)
             assert worker.url == url
             assert (await worker.capacity()).gpu_tokens == 919_824
             assert (await worker.load()).running == 8
@@ -398,8 +398,8 @@ def test_client_reads_fixture_shapes_and_falls_back_to_the_deprecated_server_inf
 
 def test_client_against_a_running_sim_worker() -> None:
     async def check(url: str) -> tuple[int | None, int | None, WorkerCapacity, WorkerLoad, int | None, bool]:
-        async with httpx.AsyncClient() as client:
-            worker = SGLangClient(url, client)
+        async with aiohttp.ClientSession() as session:
+            worker = SGLangClient(url, lambda: session)
             prompt = "shared context " * 200
             first = await worker.warmup(prompt)
             second = await worker.warmup(prompt)
@@ -425,8 +425,8 @@ def test_client_against_a_running_sim_worker() -> None:
         first, second, capacity, load, host, healthy = asyncio.run(check(w.url))
 
         async def endpoints() -> list[str]:
-            async with httpx.AsyncClient() as client:
-                return await SGLangClient(w.url, client).kv_event_endpoints()
+            async with aiohttp.ClientSession() as session:
+                return await SGLangClient(w.url, lambda: session).kv_event_endpoints()
 
         assert asyncio.run(endpoints()) == [f"tcp://127.0.0.1:{kv_port}"]
         url = w.url
@@ -438,8 +438,8 @@ def test_client_against_a_running_sim_worker() -> None:
     assert healthy is True
 
     async def after_stop() -> bool:
-        async with httpx.AsyncClient() as client:
-            return await SGLangClient(url, client, health_timeout_s=0.5).healthy()
+        async with aiohttp.ClientSession() as session:
+            return await SGLangClient(url, lambda: session, health_timeout_s=0.5).healthy()
 
     assert asyncio.run(after_stop()) is False
 

@@ -173,13 +173,15 @@ def test_a_chat_prefix_warmed_through_tokenize_and_generate_is_found_by_the_next
     as ``input_ids`` with ``max_new_tokens: 0``; the chat request that follows finds them cached."""
     import asyncio
 
+    import aiohttp
+
     from maitred.gateway.sglang.client import SGLangClient
 
     shared = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _words("handoff", 300)}]
 
     async def warm() -> tuple[int, int | None]:
-        async with httpx.AsyncClient() as client:
-            backend = SGLangClient(worker.url, client)
+        async with aiohttp.ClientSession() as session:
+            backend = SGLangClient(worker.url, lambda: session)
             ids = await backend.tokenize(shared, tools=TOOLS)
             return len(ids), await backend.warmup(ids, priority=3)
 

@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import httpx
+import aiohttp
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -71,7 +71,7 @@ class Gateway:
 
     app: FastAPI
     runtime: LiveDriver
-    client: httpx.AsyncClient  # control plane
+    control: "ControlPlane"  # health, load, capacity and warmup requests to the workers
     proxy: Proxy  # model requests
     loop: asyncio.AbstractEventLoop | None = None  # the serving event loop, once started
     shard: ShardRole | None = None  # under ``ServeConfig.shard``: holder or standby
@@ -91,12 +91,8 @@ def build_app(
     the gateway stopped serving: ``maitred serve`` exits then."""
     if cfg.shard is not None and cfg.db_url is None:
         raise ValueError("a shard lease needs the PostgreSQL store it is kept in (db_url)")
-    # The control plane (health, load, capacity, warmups) speaks httpx; model requests go through
-    # the proxy's own aiohttp pool (see gateway). Idle connections are let go well before a
-    # worker's keep-alive timeout (uvicorn's and SGLang's: 5 s).
-    limits = httpx.Limits(max_connections=64, max_keepalive_connections=16, keepalive_expiry=2.0)
-    client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(30.0, connect=5.0))
-    backends: dict[str, WorkerBackend] = {url.rstrip("/"): SGLangClient(url.rstrip("/"), client) for url in cfg.workers}
+    control = ControlPlane()
+    backends: dict[str, WorkerBackend] = {url.rstrip("/"): SGLangClient(url.rstrip("/"), control.session) for url in cfg.workers}
     runtime = LiveDriver(backends, cfg.runtime, Metrics(cfg.metrics_max_tools), answer_when_stored=cfg.shard is not None)
     role = ShardRole(cfg.shard, runtime.metrics) if cfg.shard is not None else None
 
@@ -122,6 +118,7 @@ def build_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         gateway.loop = asyncio.get_running_loop()
         await proxy.start()
+        await control.start()
         lease, keeping = None, None
         if role is None:
             await serve_as_holder()
@@ -141,7 +138,7 @@ def build_app(
             if runtime.homes is not None:
                 await asyncio.to_thread(runtime.homes.close)
             await proxy.stop()
-            await client.aclose()
+            await control.stop()
             if runtime.writer is not None:
                 await asyncio.to_thread(runtime.writer.close, cfg.drain_timeout_s)
             if runtime.exporter is not None:
@@ -167,8 +164,33 @@ def build_app(
     add_proxy_routes(app, proxy if cfg.workers else None)
     add_admin_routes(app, runtime, tokens=tokens, max_events_bytes=cfg.max_events_bytes, hook_mapper=hook_mapper, shard=role)
     add_otlp_route(app, runtime, tokens=tokens, max_bytes=cfg.max_events_bytes)
-    gateway = Gateway(app, runtime, client, proxy, shard=role)
+    gateway = Gateway(app, runtime, control, proxy, shard=role)
     return gateway
+
+
+class ControlPlane:
+    """The connection pool for what the gateway asks the workers (health, load, capacity,
+    warmups), apart from the model requests' (``Proxy``), so that a pool full of streams never
+    holds up a health check. Opened inside the serving event loop, as aiohttp requires. Idle
+    connections are let go well before a worker's keep-alive timeout (uvicorn's and SGLang's:
+    5 s), so a poll rarely goes out on a connection being closed."""
+
+    def __init__(self, max_connections: int = 64) -> None:
+        self.max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=self.max_connections, keepalive_timeout=2.0)
+        self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30.0, connect=5.0))
+
+    async def stop(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("the gateway's control plane is not started")
+        return self._session
 
 
 async def _open_history(runtime: LiveDriver, url: str, program_ttl_s: float) -> None:

@@ -8,8 +8,8 @@ from maitred.gateway.sglang.client import WorkerCapacity, WorkerLoad
 
 class WorkerBackend(Protocol):
     """One worker as ``LiveDriver``, ``WorkerWatch`` and ``WarmupSender`` use it. ``capacity``
-    and ``load`` raise ``httpx.HTTPError`` or ``WorkerProtocolError`` when the worker cannot
-    tell; ``healthy`` never raises."""
+    and ``load`` raise ``WorkerError`` (``sglang.client``) when the worker cannot tell;
+    ``healthy`` never raises."""
 
     async def healthy(self) -> bool: ...
 

@@ -21,11 +21,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import httpx
-
 from maitred.gateway.backend import WorkerBackend
 from maitred.gateway.metrics import Metrics
-from maitred.gateway.sglang.client import WorkerProtocolError
+from maitred.gateway.sglang.client import WorkerError
 from maitred.runtime.hicache import WRITE_BACK_BELOW_RATIO, write_back_for
 from maitred.runtime.state import RuntimeState
 
@@ -111,7 +109,7 @@ class WorkerWatch:
             if not health.known or not live.healthy:
                 await self._read_capacity(url)
             load = await backend.load() if not live.healthy or health.load_at <= since else None
-        except (httpx.HTTPError, WorkerProtocolError) as exc:
+        except WorkerError as exc:
             log.warning("maitred: worker %s answers /health but not %s", url, exc)
             return
         health.failures = 0

@@ -23,10 +23,11 @@ the client sees no error. A stream that already sent bytes cannot be replayed, s
 that dies mid-stream ends it with an error event; a stream whose worker died before its first
 byte is retried like any request.
 
-Model requests go to the workers through aiohttp, not httpx (which the control plane uses):
-measured on this project's 2-core machine against a simulated worker, one request through
-httpx's client took 3.6 ms and through aiohttp's 1.2 ms: the difference alone is more than the
-gateway's whole 1 ms added-latency budget.
+Model requests go to the workers through aiohttp, not httpx: measured on this project's 2-core
+machine against a simulated worker, one request through httpx's client took 3.6 ms and through
+aiohttp's 1.2 ms: the difference alone is more than the gateway's whole 1 ms added-latency
+budget. What the gateway asks the workers itself (health, load, warmups) goes through aiohttp
+too, on a pool of its own (``app.ControlPlane``).
 """
 
 import asyncio

@@ -9,12 +9,10 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
-import httpx
-
 from maitred.gateway.backend import WorkerBackend
 from maitred.gateway.metrics import Metrics
 from maitred.gateway.prompt_keep import Prompt, PromptKeep, prompt_bytes
-from maitred.gateway.sglang.client import WorkerProtocolError
+from maitred.gateway.sglang.client import WorkerError
 from maitred.gateway.usage import PromptSize
 from maitred.runtime.core import RuntimeCore
 from maitred.runtime.decisions import Warmup
@@ -87,7 +85,7 @@ class WarmupSender:
         except asyncio.CancelledError:
             outcome = "overtaken"
             raise
-        except (httpx.HTTPError, WorkerProtocolError) as exc:
+        except WorkerError as exc:
             log.info("maitred: warmup of %s on %s failed: %s", warmup.program_id, warmup.worker, exc)
         finally:
             worker.warmups_in_flight -= 1

@@ -30,11 +30,12 @@ prefix; eviction is steered only through per-request ``priority``.
 """
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from maitred.gateway.sglang.kv_events import KVEventError, endpoints_from_server_info
@@ -42,8 +43,10 @@ from maitred.gateway.sglang.kv_events import KVEventError, endpoints_from_server
 __all__ = [
     "SGLangClient",
     "WorkerCapacity",
+    "WorkerError",
     "WorkerLoad",
     "WorkerProtocolError",
+    "WorkerRequestError",
     "cached_tokens",
     "parse_host_capacity",
     "parse_loads",
@@ -53,9 +56,22 @@ __all__ = [
 HOST_TOTAL_METRIC = "sglang:hicache_host_total_tokens"
 
 
-class WorkerProtocolError(ValueError):
+class WorkerError(Exception):
+    """A worker could not tell what it was asked (``WorkerRequestError``, ``WorkerProtocolError``)."""
+
+
+class WorkerProtocolError(WorkerError, ValueError):
     """A worker answered with a body that does not have the shape SGLang gives it; the
     message names the field."""
+
+
+class WorkerRequestError(WorkerError):
+    """A request to a worker failed: no connection, a timeout, or an answer other than 2xx
+    (``status``; None when there was no answer)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,41 +262,55 @@ def parse_host_capacity(metrics_text: str) -> int | None:
 
 
 class SGLangClient:
-    """One SGLang server seen through HTTP. The ``httpx.AsyncClient`` is the caller's (shared
-    connection pool, its limits and transport); each call sets its own timeout."""
+    """One SGLang server seen through HTTP. ``session`` gives the caller's aiohttp session (a
+    shared connection pool, opened inside the serving event loop, so it is asked for at each
+    call); each call sets its own timeout. Control-plane requests go through aiohttp as model
+    requests do: a poll through httpx cost about three times the CPU (``proxy``)."""
 
     def __init__(
         self,
         url: str,
-        client: httpx.AsyncClient,
+        session: Callable[[], aiohttp.ClientSession],
         *,
         timeout_s: float = 5.0,
         health_timeout_s: float = 1.0,
         warmup_timeout_s: float = 60.0,
     ) -> None:
         self.url = url.rstrip("/")
-        self._client = client
-        self._timeout = timeout_s
-        self._health_timeout = health_timeout_s
-        self._warmup_timeout = warmup_timeout_s
+        self._session = session
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._health_timeout = aiohttp.ClientTimeout(total=health_timeout_s)
+        self._warmup_timeout = aiohttp.ClientTimeout(total=warmup_timeout_s)
 
     def __repr__(self) -> str:
         return f"SGLangClient({self.url!r})"
 
-    async def _get_json(self, path: str) -> Any:
-        response = await self._client.get(self.url + path, timeout=self._timeout)
-        response.raise_for_status()
+    async def _ask(self, method: str, path: str, timeout: aiohttp.ClientTimeout, body: Any = None) -> bytes:
+        """The body of a 2xx answer to ``method path``; ``WorkerRequestError`` otherwise."""
+        data = None if body is None else orjson.dumps(body)
+        headers = None if body is None else {"content-type": "application/json"}
         try:
-            return response.json()
-        except ValueError:
+            async with self._session().request(method, self.url + path, data=data, headers=headers, timeout=timeout) as r:
+                content = await r.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise WorkerRequestError(f"{self.url}{path}: {type(exc).__name__} {exc}".rstrip()) from None
+        if not 200 <= r.status < 300:
+            raise WorkerRequestError(f"{self.url}{path}: answered {r.status}", r.status)
+        return content
+
+    async def _get_json(self, path: str) -> Any:
+        content = await self._ask("GET", path, self._timeout)
+        try:
+            return orjson.loads(content)
+        except orjson.JSONDecodeError:
             raise WorkerProtocolError(f"{self.url}{path}: body is not JSON") from None
 
     async def server_info(self) -> Any:
         """``/server_info``; ``/get_server_info`` when the server predates the new name (404)."""
         try:
             return await self._get_json("/server_info")
-        except httpx.HTTPStatusError as exc:
-            if exc.response.status_code != 404:
+        except WorkerRequestError as exc:
+            if exc.status != 404:
                 raise
             return await self._get_json("/get_server_info")
 
@@ -301,10 +331,11 @@ class SGLangClient:
     async def healthy(self) -> bool:
         """``GET /health`` answers 200 within the short timeout. Never raises."""
         try:
-            response = await self._client.get(self.url + "/health", timeout=self._health_timeout)
-        except httpx.HTTPError:
+            async with self._session().get(self.url + "/health", timeout=self._health_timeout) as response:
+                await response.read()
+                return response.status == 200
+        except (aiohttp.ClientError, TimeoutError):
             return False
-        return response.status_code == 200
 
     async def warmup(self, text_or_input_ids: str | list[int], *, priority: int | None = None) -> int | None:
         """Prefill ``text_or_input_ids`` without generating (``max_new_tokens: 0``) so the next real
@@ -317,11 +348,10 @@ class SGLangClient:
             body["input_ids"] = list(text_or_input_ids)
         if priority is not None:
             body["priority"] = priority
-        response = await self._client.post(self.url + "/generate", json=body, timeout=self._warmup_timeout)
-        response.raise_for_status()
+        content = await self._ask("POST", "/generate", self._warmup_timeout, body)
         try:
-            payload = response.json()
-        except ValueError:
+            payload = orjson.loads(content)
+        except orjson.JSONDecodeError:
             raise WorkerProtocolError(f"{self.url}/generate: body is not JSON") from None
         return cached_tokens(payload)
 
@@ -334,17 +364,15 @@ class SGLangClient:
         body: dict[str, Any] = {"messages": messages, "add_generation_prompt": add_generation_prompt}
         if tools:
             body["tools"] = tools
-        response = await self._client.post(self.url + "/v1/tokenize", json=body, timeout=self._timeout)
-        response.raise_for_status()
+        content = await self._ask("POST", "/v1/tokenize", self._timeout, body)
         try:
-            tokens = response.json()["tokens"]
-        except (ValueError, KeyError, TypeError):
+            tokens = orjson.loads(content)["tokens"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
             raise WorkerProtocolError(f"{self.url}/v1/tokenize: expected a JSON object with 'tokens'") from None
         if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
             raise WorkerProtocolError(f"{self.url}/v1/tokenize: tokens must be a list of integers")
         return tokens
 
     async def host_capacity(self) -> int | None:
-        response = await self._client.get(self.url + "/metrics", timeout=self._timeout)
-        response.raise_for_status()
-        return parse_host_capacity(response.text)
+        content = await self._ask("GET", "/metrics", self._timeout)
+        return parse_host_capacity(content.decode("utf-8", "replace"))
