@@ -215,11 +215,13 @@ class SSEUsage:
     def _scan(self, chunk: bytes) -> None:
         # Events may split across chunks; keep the tail so a split event is still seen whole.
         data = self._buffer + chunk
-        for event in data.split(b"\n\n")[:-1]:
-            if _USAGE.search(event):
-                self._take(event)
-            elif _META.search(event):
-                self._last_meta = event
+        # Most chunks tell no usage: one search over the whole of them spares splitting them
+        if _USAGE.search(data) or _META.search(data):
+            for event in data.split(b"\n\n")[:-1]:
+                if _USAGE.search(event):
+                    self._take(event)
+                elif _META.search(event):
+                    self._last_meta = event
         self._buffer = data[data.rfind(b"\n\n") + 2 :] if b"\n\n" in data else data[-65536:]
 
     def _usage_only(self, event: bytes) -> bool:
