@@ -120,10 +120,15 @@ def build_app(
         await proxy.start()
         await control.start()
         lease, keeping = None, None
-        if role is None:
-            await serve_as_holder()
-        else:
-            lease, keeping = await _contend(cfg, role, serve_as_holder, on_lease_lost or (lambda: None))
+        try:
+            if role is None:
+                await serve_as_holder()
+            else:
+                lease, keeping = await _contend(cfg, role, serve_as_holder, on_lease_lost or (lambda: None))
+        except BaseException:  # start-up failed: the connection pools opened above go with it
+            await proxy.stop()
+            await control.stop()
+            raise
         # What start-up made lives as long as the process: out of the collector's sight, a full
         # collection (which a large request's allocations trigger) walks only what came later,
         # instead of holding the interpreter for tens of milliseconds (SGLang freezes it too).

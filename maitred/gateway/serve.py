@@ -499,6 +499,9 @@ def run(args: argparse.Namespace) -> int:
     # Alembic narrates every migration check at INFO ("Will assume non-transactional DDL", which
     # reads like a warning); the store reports what matters itself.
     logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLogger().level))
+    # httpx logs every answer at INFO, and --launch-sglang polls each server's /health with it
+    # (``bind.wait_http``) every 50 ms until it is up
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         launch = _launch(args) if args.launch_sglang else None
         cfg = _config(args, [*args.worker, *(launch.urls() if launch else [])])

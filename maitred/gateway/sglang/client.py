@@ -264,8 +264,9 @@ def parse_host_capacity(metrics_text: str) -> int | None:
 class SGLangClient:
     """One SGLang server seen through HTTP. ``session`` gives the caller's aiohttp session (a
     shared connection pool, opened inside the serving event loop, so it is asked for at each
-    call); each call sets its own timeout. Control-plane requests go through aiohttp as model
-    requests do: a poll through httpx cost about three times the CPU (``proxy``)."""
+    call); each call sets its own timeout, and a redirect is an answer, not followed (a worker
+    that redirects ``/health`` is not healthy). Control-plane requests go through aiohttp as
+    model requests do: a poll through httpx cost about three times the CPU (``proxy``)."""
 
     def __init__(
         self,
@@ -290,7 +291,9 @@ class SGLangClient:
         data = None if body is None else orjson.dumps(body)
         headers = None if body is None else {"content-type": "application/json"}
         try:
-            async with self._session().request(method, self.url + path, data=data, headers=headers, timeout=timeout) as r:
+            async with self._session().request(
+                method, self.url + path, data=data, headers=headers, timeout=timeout, allow_redirects=False
+            ) as r:
                 content = await r.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise WorkerRequestError(f"{self.url}{path}: {type(exc).__name__} {exc}".rstrip()) from None
@@ -331,7 +334,7 @@ class SGLangClient:
     async def healthy(self) -> bool:
         """``GET /health`` answers 200 within the short timeout. Never raises."""
         try:
-            async with self._session().get(self.url + "/health", timeout=self._health_timeout) as response:
+            async with self._session().get(self.url + "/health", timeout=self._health_timeout, allow_redirects=False) as response:
                 await response.read()
                 return response.status == 200
         except (aiohttp.ClientError, TimeoutError):
