@@ -31,6 +31,7 @@ from maitred.gateway.loop import LiveConfig, LiveDriver
 from maitred.gateway.metrics import Metrics
 from maitred.gateway.origin import LOOPBACK_HOSTS, OriginGuard
 from maitred.gateway.otlp_receiver import add_otlp_route
+from maitred.gateway.pool import WorkerPool
 from maitred.gateway.proxy import Proxy, add_proxy_routes
 from maitred.gateway.proxy_config import ProxyConfig
 from maitred.gateway.sglang.client import SGLangClient
@@ -71,7 +72,7 @@ class Gateway:
 
     app: FastAPI
     runtime: LiveDriver
-    control: "ControlPlane"  # health, load, capacity and warmup requests to the workers
+    control: WorkerPool  # health, load, capacity and warmup requests to the workers
     proxy: Proxy  # model requests
     loop: asyncio.AbstractEventLoop | None = None  # the serving event loop, once started
     shard: ShardRole | None = None  # under ``ServeConfig.shard``: holder or standby
@@ -91,7 +92,7 @@ def build_app(
     the gateway stopped serving: ``maitred serve`` exits then."""
     if cfg.shard is not None and cfg.db_url is None:
         raise ValueError("a shard lease needs the PostgreSQL store it is kept in (db_url)")
-    control = ControlPlane()
+    control = WorkerPool("control plane", 64, aiohttp.ClientTimeout(total=30.0, connect=5.0))
     backends: dict[str, WorkerBackend] = {url.rstrip("/"): SGLangClient(url.rstrip("/"), control.session) for url in cfg.workers}
     runtime = LiveDriver(backends, cfg.runtime, Metrics(cfg.metrics_max_tools), answer_when_stored=cfg.shard is not None)
     role = ShardRole(cfg.shard, runtime.metrics) if cfg.shard is not None else None
@@ -171,31 +172,6 @@ def build_app(
     add_otlp_route(app, runtime, tokens=tokens, max_bytes=cfg.max_events_bytes)
     gateway = Gateway(app, runtime, control, proxy, shard=role)
     return gateway
-
-
-class ControlPlane:
-    """The connection pool for what the gateway asks the workers (health, load, capacity,
-    warmups), apart from the model requests' (``Proxy``), so that a pool full of streams never
-    holds up a health check. Opened inside the serving event loop, as aiohttp requires. Idle
-    connections are let go well before a worker's keep-alive timeout (uvicorn's and SGLang's:
-    5 s), so a poll rarely goes out on a connection being closed."""
-
-    def __init__(self, max_connections: int = 64) -> None:
-        self.max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
-
-    async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=self.max_connections, keepalive_timeout=2.0)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30.0, connect=5.0))
-
-    async def stop(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            raise RuntimeError("the gateway's control plane is not started")
-        return self._session
 
 
 async def _open_history(runtime: LiveDriver, url: str, program_ttl_s: float) -> None:

@@ -27,7 +27,7 @@ Model requests go to the workers through aiohttp, not httpx: measured on this pr
 machine against a simulated worker, one request through httpx's client took 3.6 ms and through
 aiohttp's 1.2 ms: the difference alone is more than the gateway's whole 1 ms added-latency
 budget. What the gateway asks the workers itself (health, load, warmups) goes through aiohttp
-too, on a pool of its own (``app.ControlPlane``).
+too, on a pool of its own (``pool``).
 """
 
 import asyncio
@@ -55,6 +55,7 @@ from maitred.gateway.models import list_models
 from maitred.gateway.offload import off_loop
 from maitred.gateway.oversize import check_fits
 from maitred.gateway.passthrough import WORKER_DOWN, Piped, Relay
+from maitred.gateway.pool import WorkerPool
 from maitred.gateway.programid import take_program_id
 from maitred.gateway.proxy_config import ProxyConfig
 from maitred.gateway.tracecontext import trace_context
@@ -78,29 +79,21 @@ class Proxy:
         self.runtime = runtime
         self.cfg = cfg
         self.tokens = tokens  # with tokens set, model requests need one too (``trust``)
-        self.max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
+        timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s, connect=5.0)
+        self.pool = WorkerPool("model requests'", max_connections, timeout, decompress=False)  # answers pass through as sent
         self._requests: set[asyncio.Task[Any]] = set()  # handlers running (not yet streaming)
         self._pipes: set[Piped] = set()  # streams being passed through
         self._cut: str | None = None  # why the requests still running are being ended (shutdown)
 
     async def start(self) -> None:
-        """Open the connection pool (inside the serving event loop, as aiohttp requires).
-        Idle connections are let go well before a worker's own keep-alive timeout (uvicorn's
-        and SGLang's: 5 s), so a request rarely goes out on a connection being closed."""
-        connector = aiohttp.TCPConnector(limit=self.max_connections, keepalive_timeout=2.0)
-        timeout = aiohttp.ClientTimeout(total=self.cfg.request_timeout_s, connect=5.0)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+        await self.pool.start()
 
     async def stop(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        await self.pool.stop()
 
     @property
     def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            raise RuntimeError("the proxy is not started")
-        return self._session
+        return self.pool.session()
 
     async def models(self, request: Request) -> Response:
         """``GET /v1/models``: what the workers that are up serve (``maitred.gateway.models``)."""
@@ -112,8 +105,7 @@ class Proxy:
 
     def connections_in_use(self) -> int:
         """Connections to workers currently carrying a request (0 when all went back to the pool)."""
-        connector = self._session.connector if self._session is not None else None
-        return sum(len(v) for v in getattr(connector, "_acquired_per_host", {}).values()) if connector else 0
+        return self.pool.in_use()
 
     def in_flight(self) -> int:
         """Model requests being handled or streamed."""
