@@ -117,7 +117,8 @@ class Served:
 
 def answered_by(sharded: Sharded, convs: Conversations, *, timeout_s: float = 60.0) -> dict[str, Served]:
     """Every answered call's shard and worker, by request id (``PROGRAM.TURN``), once every
-    shard's store holds all of them (a shard writes its history a moment after answering)."""
+    shard's store holds all of them, ends included (a shard writes its history a moment after
+    answering, a call's start and its end not always in one batch)."""
     wanted = {t.request_id for turns in convs.turns.values() for t in turns}
     found: dict[str, Served] = {}
 
@@ -129,7 +130,8 @@ def answered_by(sharded: Sharded, convs: Conversations, *, timeout_s: float = 60
                     timeline = store.program(pid)
                     for span in timeline.spans if timeline is not None else ():
                         rid = str(span.detail.get("request_id") or "").removeprefix(GATEWAY_REQUEST_PREFIX)
-                        if span.kind == "llm" and rid in wanted:
+                        # a call whose end is not written yet names no worker: read again
+                        if span.kind == "llm" and rid in wanted and span.detail.get("worker") is not None:
                             found[rid] = Served(shard.name, span.detail.get("worker"), span.detail.get("cached_tokens"))
         return wanted <= set(found)
 
